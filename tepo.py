@@ -1,0 +1,351 @@
+"""TEPO and the baselines it is measured against: advantages, log-probs, and every policy loss.
+
+Notation (one RL batch): P prompts, each sampled G times (a *group*), N = P*G responses y_i.
+`mask` m[i,t] is 1 on response tokens (0 on prompt and padding); |y_i| = sum_t m[i,t].
+`logp` = log pi_theta(y_t | x, y_<t) at the sampling temperature; `old_logp` the same under the
+policy that sampled the batch (recomputed by the trainer, no grad); `ref_logp` under the frozen
+initial policy; `entropy` H[i,t] of the full next-token distribution. sg() is stop-gradient.
+
+    advantage      A_i     = (R_i - mean_group R) / (std_group R + eps)     (Dr.GRPO: no division)
+    token ratio    r[i,t]  = exp(logp - old_logp)
+    seq. ratio     s_i     = exp( sum_t m (logp - old_logp) / |y_i| )        (geometric mean of r)
+                   s[i,t]  = sg(s_i) * exp(logp - sg(logp))     value s_i, gradient s_i * grad(logp)
+    surrogate      l[i,t]  = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i),  rho = r or s
+
+Aggregation over the *global* mini-batch (all ranks and micro-batches; hence `num_tokens` and
+`num_seqs` are passed in, so micro-batch losses sum to exactly the mini-batch loss):
+    token-mean               sum m*l / sum m
+    seq-mean-token-mean      mean_i( sum_t m*l / |y_i| )
+    seq-mean-token-sum-norm  sum m*l / (N * L_max)           (Dr.GRPO; L_max = max response length)
+
+    method  ratio  eps_low/eps_high  aggregation              extra
+    grpo    r      0.2 / 0.2         seq-mean-token-mean      + beta * KL(pi || pi_ref), k3, beta 0.04
+    drgrpo  r      0.2 / 0.2         seq-mean-token-sum-norm  advantages not divided by std
+    dapo    r      0.2 / 0.28        token-mean               (dynamic sampling, overlong shaping: train.py)
+    gspo    s      3e-4 / 4e-4       seq-mean-token-mean
+    tepo    s      3e-4 / 4e-4       token-mean               + token-level KL mask (below)
+
+TEPO (Lin et al., arXiv 2510.09369 / ACL 2026): the group reward reaches every token through the
+same sequence-likelihood ratio s_i, and the loss is a token-mean, so every token of the batch
+weighs the same (GSPO instead averages per sequence first). Its KL mask penalises drift only where
+the policy is sharpening on rewarded tokens:
+    M[i,t] = m[i,t] * 1[A_i > 0] * 1[H[i,t] < H_old[i,t]]
+    loss  += beta_mask * sum M * k3(target_logp, logp) / sum m      (target = pi_old, or pi_ref)
+The parts the paper leaves open (clip range, beta_mask = 0.1, target pi_old) are our choices and
+live in LossConfig.
+"""
+from dataclasses import dataclass, fields
+
+import torch
+
+METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3")
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def group_advantages(rewards, group_size, normalize_std=True, eps=1e-6):
+    """(N,) rewards of P groups of `group_size` consecutive responses -> (N,) advantages.
+
+    A_i = (R_i - mean) / (std + eps) within each group (std unbiased, as in GRPO); a group whose
+    rewards are all equal gets 0, since nothing in it tells good from bad.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    r = rewards.float().view(-1, group_size)
+    centered = r - r.mean(dim=1, keepdim=True)
+    if normalize_std and group_size > 1:
+        centered = centered / (r.std(dim=1, keepdim=True) + eps)
+    return centered.view(-1)
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+def _row_chunks(B, T, V, max_elems):
+    """(b, t0, t1) ranges covering a (B, T, V) tensor, each at most ~max_elems logits."""
+    rows = max(1, max_elems // V)
+    for b in range(B):
+        for t0 in range(0, T, rows):
+            yield b, t0, min(T, t0 + rows)
+
+
+class _ChunkedLogProb(torch.autograd.Function):
+    """log softmax(logits / temperature)[target], one chunk of rows at a time, in fp32.
+
+    Autograd through a plain log_softmax would keep an fp32 (B, T, V) copy for the backward
+    pass, several times the size of bf16 logits. Here the forward keeps only the log-sum-exp per
+    row (B, T); the backward recomputes each chunk's softmax and writes the gradient
+    d logp / d logits = (onehot(target) - softmax) / temperature straight into a logits-sized
+    buffer. Entropy comes from the same forward chunks, without grad.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, with_entropy, max_elems):
+        B, T, V = logits.shape
+        logp = torch.empty(B, T, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(logp)
+        entropy = torch.empty_like(logp) if with_entropy else None
+        # Two chunk buffers, reused: fresh allocations per chunk cost page faults on CPU.
+        rows = max(1, max_elems // V)
+        z_buf = torch.empty(rows, V, dtype=torch.float32, device=logits.device)
+        p_buf = torch.empty_like(z_buf) if with_entropy else None
+        for b, t0, t1 in _row_chunks(B, T, V, max_elems):
+            z = z_buf[: t1 - t0].copy_(logits[b, t0:t1])       # (c, V) in fp32
+            if temperature != 1.0:
+                z.div_(temperature)
+            z_lse = torch.logsumexp(z, dim=-1)                 # (c,)
+            z.sub_(z_lse[:, None])                             # z is now log-probabilities
+            logp[b, t0:t1] = z.gather(1, targets[b, t0:t1, None]).squeeze(1)
+            lse[b, t0:t1] = z_lse
+            if with_entropy:                                   # H = -sum p log p
+                p = torch.exp(z, out=p_buf[: t1 - t0])
+                entropy[b, t0:t1] = -(p.mul_(z)).sum(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.max_elems = temperature, max_elems
+        if with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        logits, targets, lse = ctx.saved_tensors
+        B, T, V = logits.shape
+        grad = torch.empty(B, T, V, dtype=logits.dtype, device=logits.device)
+        g_all = grad_logp.float() / ctx.temperature
+        rows = max(1, ctx.max_elems // V)
+        p_buf = torch.empty(rows, V, dtype=torch.float32, device=logits.device)
+        for b, t0, t1 in _row_chunks(B, T, V, ctx.max_elems):
+            p = p_buf[: t1 - t0].copy_(logits[b, t0:t1])
+            if ctx.temperature != 1.0:
+                p.div_(ctx.temperature)
+            p.sub_(lse[b, t0:t1, None]).exp_()                 # softmax of the chunk
+            g = g_all[b, t0:t1, None]
+            p.mul_(-g).scatter_add_(1, targets[b, t0:t1, None], g)
+            grad[b, t0:t1] = p
+        return grad, None, None, None, None
+
+
+def token_logprobs_entropy(logits, targets, temperature=1.0, with_entropy=True,
+                           max_chunk_elems=2**24):
+    """(B, T, V) logits, (B, T) targets -> logp (B, T) fp32 with grad, entropy (B, T) fp32 or None.
+
+    logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]] and entropy[b, t] the
+    entropy of that distribution (no grad). Computed in chunks of at most `max_chunk_elems`
+    logits in fp32, whatever the logits' dtype, so memory beyond the logits and their gradient
+    stays one chunk: a full-vocabulary fp32 log-softmax is never materialised. `logits` may be a
+    non-contiguous view (e.g. `logits[:, :-1]`); it is not copied.
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"logits must be (B, T, V) and targets (B, T); got "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _ChunkedLogProb.apply(logits, targets.long(), float(temperature), with_entropy,
+                                 int(max_chunk_elems))
+
+
+def kl_estimate(logp, target_logp, kind="k3"):
+    """Per-token estimate of KL(pi || pi_target) from log-probs of tokens sampled from pi. Any shape.
+
+    With delta = target_logp - logp (Schulman's estimators): k1 = -delta (unbiased, can be
+    negative), k2 = delta^2 / 2, k3 = exp(delta) - delta - 1 (unbiased and >= 0, GRPO's choice).
+    delta is clamped to +-20 so one wild token cannot overflow exp.
+    """
+    delta = (target_logp - logp).clamp(-20.0, 20.0)
+    if kind == "k1":
+        return -delta
+    if kind == "k2":
+        return 0.5 * delta ** 2
+    if kind == "k3":
+        return torch.exp(delta) - delta - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}; choose one of {KL_KINDS}")
+
+
+# ----------------------------------------------------------------------------- losses
+
+@dataclass
+class LossConfig:
+    """Everything that defines a method's loss. `LossConfig.preset(method)` gives the defaults."""
+    method: str = "tepo"
+    ratio: str = "sequence"              # "token" (r) or "sequence" (s, GSPO/TEPO)
+    clip_low: float = 3e-4               # eps_low
+    clip_high: float = 4e-4              # eps_high
+    aggregation: str = "token-mean"
+    max_response_len: int = 0            # L_max of seq-mean-token-sum-norm (Dr.GRPO)
+    adv_std_norm: bool = True            # divide advantages by the group std (Dr.GRPO: False)
+    kl_coef: float = 0.0                 # beta of the KL-to-reference term (GRPO: 0.04)
+    kl_kind: str = "k3"
+    kl_mask: bool = False                # TEPO's token-level KL mask
+    kl_mask_coef: float = 0.1            # beta_mask (ours)
+    kl_mask_target: str = "old"          # "old" (ours) or "ref"
+    tis: bool = False                    # truncated importance sampling of rollout/trainer mismatch
+    tis_cap: float = 2.0                 # C
+
+    # Not a field (no annotation): the spec's table of method defaults.
+    PRESETS = {
+        "grpo": dict(ratio="token", clip_low=0.2, clip_high=0.2,
+                     aggregation="seq-mean-token-mean", kl_coef=0.04),
+        "drgrpo": dict(ratio="token", clip_low=0.2, clip_high=0.2,
+                       aggregation="seq-mean-token-sum-norm", adv_std_norm=False),
+        "dapo": dict(ratio="token", clip_low=0.2, clip_high=0.28, aggregation="token-mean"),
+        "gspo": dict(ratio="sequence", clip_low=3e-4, clip_high=4e-4,
+                     aggregation="seq-mean-token-mean"),
+        "tepo": dict(ratio="sequence", clip_low=3e-4, clip_high=4e-4, aggregation="token-mean",
+                     kl_mask=True),
+    }
+
+    @classmethod
+    def preset(cls, method, **overrides):
+        """The spec's defaults for `method`, with any field overridden by keyword."""
+        if method not in cls.PRESETS:
+            raise ValueError(f"unknown method {method!r}; choose one of {METHODS}")
+        return cls(method=method, **{**cls.PRESETS[method], **overrides})
+
+    def __post_init__(self):
+        choices = {"method": METHODS, "ratio": ("token", "sequence"), "aggregation": AGGREGATIONS,
+                   "kl_kind": KL_KINDS, "kl_mask_target": ("old", "ref")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
+        if self.aggregation == "seq-mean-token-sum-norm" and self.max_response_len <= 0:
+            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_response_len > 0")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 <= 1 + clip_high, got "
+                             f"{self.clip_low}, {self.clip_high}")
+
+    @property
+    def needs_ref(self):
+        """Whether the loss reads reference-policy log-probs (so the trainer must compute them)."""
+        return self.kl_coef > 0 or (self.kl_mask and self.kl_mask_target == "ref")
+
+    def as_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def aggregate(x, mask, aggregation, *, num_tokens, num_seqs, max_response_len=0):
+    """(B, T) per-token values -> scalar, normalised by the *global* counts of the mini-batch.
+
+    Summing this over micro-batches (and ranks) gives the aggregate of the whole mini-batch,
+    because every denominator is global and each sequence lives in exactly one micro-batch.
+    """
+    total = x * mask
+    if aggregation == "token-mean":
+        return total.sum() / num_tokens
+    if aggregation == "seq-mean-token-mean":
+        return (total.sum(1) / mask.sum(1)).sum() / num_seqs
+    if aggregation == "seq-mean-token-sum-norm":
+        return total.sum() / (num_seqs * max_response_len)
+    raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
+
+
+def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, optional):
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
+    B, T = logp.shape
+    for name, t in [("old_logp", old_logp), ("mask", mask), *optional.items()]:
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {(B, T)} like logp")
+    if advantages.shape != (B,):
+        raise ValueError(f"advantages must be (B,) = ({B},), got {tuple(advantages.shape)}")
+    if not (mask.sum(1) > 0).all():
+        raise ValueError("mask has a sequence with no response tokens (|y_i| = 0)")
+    if not (num_tokens > 0 and num_seqs > 0):
+        raise ValueError(f"num_tokens and num_seqs must be > 0, got {num_tokens}, {num_seqs}")
+    need = {"entropy": cfg.kl_mask, "old_entropy": cfg.kl_mask, "ref_logp": cfg.needs_ref,
+            "rollout_logp": cfg.tis}
+    for name, needed in need.items():
+        if needed and optional[name] is None:
+            raise ValueError(f"{cfg.method}: this LossConfig needs `{name}`")
+
+
+def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, entropy=None,
+                old_entropy=None, ref_logp=None, rollout_logp=None):
+    """The loss of one micro-batch and its diagnostics.
+
+    logp (B, T) with grad; old_logp, mask, entropy, old_entropy, ref_logp, rollout_logp (B, T);
+    advantages (B,). `num_tokens` / `num_seqs` are the global counts of the whole mini-batch
+    (all ranks and micro-batches), so the returned losses add up exactly across micro-batches.
+
+    Returns (loss, metrics). Every metric is likewise normalised by the global counts, so summing
+    metrics over micro-batches and ranks gives the mini-batch value -- except `ratio_min` and
+    `ratio_max`, which reduce by min and max. See `finish_metrics` for the covariance.
+    """
+    optional = dict(entropy=entropy, old_entropy=old_entropy, ref_logp=ref_logp,
+                    rollout_logp=rollout_logp)
+    _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, optional)
+    mask = mask.to(logp.dtype)
+    A = advantages.to(logp.dtype)[:, None]                     # (B, 1), broadcast over tokens
+    log_r = logp - old_logp
+    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=cfg.max_response_len)
+
+    if cfg.ratio == "token":
+        ratio = torch.exp(log_r)
+    else:  # s_i carried to each token: value s_i, gradient s_i * grad(logp)
+        log_s = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)   # (B, 1)
+        ratio = torch.exp(log_s.detach() + logp - logp.detach())
+    clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+    per_token = -torch.min(ratio * A, clipped * A)
+    if cfg.tis:  # rollout/trainer mismatch correction, a constant weight per token
+        per_token = per_token * torch.exp(old_logp - rollout_logp).clamp(max=cfg.tis_cap)
+    pg_loss = aggregate(per_token, mask, cfg.aggregation, **agg)
+    loss = pg_loss
+
+    kl_ref_loss = kl_mask_loss = torch.zeros((), device=logp.device)
+    if cfg.kl_coef > 0:
+        kl_ref_loss = cfg.kl_coef * aggregate(kl_estimate(logp, ref_logp, cfg.kl_kind), mask,
+                                              cfg.aggregation, **agg)
+        loss = loss + kl_ref_loss
+    if cfg.kl_mask:
+        # M = m * 1[A > 0] * 1[H < H_old]: tokens of rewarded responses whose entropy is falling.
+        kl_m = mask * (A > 0) * (entropy.detach() < old_entropy)
+        target = old_logp if cfg.kl_mask_target == "old" else ref_logp
+        kl_mask_loss = cfg.kl_mask_coef * aggregate(kl_m * kl_estimate(logp, target, "k3"),
+                                                    mask, cfg.aggregation, **agg)
+        loss = loss + kl_mask_loss
+
+    with torch.no_grad():
+        n = num_tokens
+        token_sum = lambda x: (x * mask).sum() / n  # noqa: E731  (a token mean, globally normalised)
+        r = ratio.detach()
+        big = torch.finfo(r.dtype).max
+        metrics = {
+            "loss/policy": pg_loss.detach(), "loss/kl_ref": kl_ref_loss.detach(),
+            "loss/kl_mask": kl_mask_loss.detach(),
+            # The pessimistic side of the clip: these tokens get no gradient.
+            "clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0)).float()),
+            "clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0)).float()),
+            "ratio_mean": token_sum(r),
+            "ratio_min": torch.where(mask > 0, r, big).min(),
+            "ratio_max": torch.where(mask > 0, r, -big).max(),
+            "kl_old": token_sum(kl_estimate(logp.detach(), old_logp, "k3")),
+            # Pieces of Cov(logp, A) over tokens; finish_metrics combines them.
+            "cov/logp_adv": token_sum(logp.detach() * A), "cov/logp": token_sum(logp.detach()),
+            "cov/adv": token_sum(A.expand_as(logp)),
+        }
+        if cfg.kl_mask:
+            metrics["kl_mask_frac"] = token_sum(kl_m)
+        if ref_logp is not None:
+            metrics["kl_ref"] = token_sum(kl_estimate(logp.detach(), ref_logp, cfg.kl_kind))
+        if entropy is not None:
+            metrics["entropy"] = token_sum(entropy)
+        if rollout_logp is not None:
+            metrics["mismatch"] = token_sum((rollout_logp - old_logp).abs())
+            if cfg.tis:
+                metrics["tis_weight"] = token_sum(torch.exp(old_logp - rollout_logp)
+                                                  .clamp(max=cfg.tis_cap))
+    return loss, metrics
+
+
+def finish_metrics(summed):
+    """Turn summed micro-batch metrics into the logged ones: adds `cov_logp_adv`.
+
+    Cov(logp, A) over the batch's tokens drives the entropy change under policy gradient
+    (dH ~ -lr * Cov(log pi, A)): positive covariance means the policy is sharpening.
+    """
+    out = {k: float(v) for k, v in summed.items() if not k.startswith("cov/")}
+    if "cov/logp_adv" in summed:
+        out["cov_logp_adv"] = float(summed["cov/logp_adv"] - summed["cov/logp"] * summed["cov/adv"])
+    return out

@@ -1,0 +1,333 @@
+"""tepo.py against references written here from the spec's formulas, one token at a time."""
+import math
+
+import pytest
+import torch
+
+from tepo import (METHODS, LossConfig, aggregate, finish_metrics, group_advantages, kl_estimate,
+                  policy_loss, token_logprobs_entropy)
+
+torch.set_default_dtype(torch.float64)
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def test_group_advantages_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 3.0])
+    a = group_advantages(r, 4)
+    # group 1: mean 0.5, unbiased std sqrt(4 * 0.25 / 3) = 0.57735..; group 2 all equal -> 0;
+    # group 3: mean 0.75, deviations (-0.75 x3, 2.25), unbiased std sqrt((3*0.5625+5.0625)/3) = 1.5
+    s1 = math.sqrt(1 / 3)
+    expected = [0.5 / s1, -0.5 / s1, -0.5 / s1, 0.5 / s1, 0, 0, 0, 0, -0.5, -0.5, -0.5, 1.5]
+    assert torch.allclose(a.double(), torch.tensor(expected), atol=1e-5)
+    assert torch.equal(a[4:8], torch.zeros(4, dtype=a.dtype))
+
+
+def test_group_advantages_without_std():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0])
+    assert torch.allclose(group_advantages(r, 3, normalize_std=False).double(),
+                          torch.tensor([2 / 3, -1 / 3, -1 / 3, -4 / 3, 2 / 3, 2 / 3]), atol=1e-6)
+
+
+def test_group_advantages_bad_input():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="1-D"):
+        group_advantages(torch.zeros(2, 4), 4)
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+def naive_logp_entropy(logits, targets, temperature):
+    lp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = lp.gather(-1, targets[..., None]).squeeze(-1)
+    entropy = -(lp.exp() * lp).sum(-1)
+    return logp, entropy
+
+
+@pytest.mark.parametrize("chunk", [7 * 50, 2**24])  # several chunks per row, or one per sequence
+def test_logprobs_match_naive_fp32(chunk):
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(3, 11, 50, dtype=torch.float32)).requires_grad_()
+    targets = torch.randint(0, 50, (3, 11))
+    logp, ent = token_logprobs_entropy(logits, targets, temperature=0.7, max_chunk_elems=chunk)
+    ref_logp, ref_ent = naive_logp_entropy(logits, targets, 0.7)
+    assert logp.dtype == torch.float32 and not ent.requires_grad
+    assert torch.allclose(logp, ref_logp, atol=1e-5)
+    assert torch.allclose(ent, ref_ent, atol=1e-5)
+    w = torch.randn(3, 11, dtype=torch.float32)
+    (g,) = torch.autograd.grad((logp * w).sum(), logits)
+    (g_ref,) = torch.autograd.grad((ref_logp * w).sum(), logits)
+    assert torch.allclose(g, g_ref, atol=1e-6)
+
+
+def test_logprobs_from_bf16_and_noncontiguous_view():
+    torch.manual_seed(1)
+    full = (2 * torch.randn(2, 9, 64)).to(torch.bfloat16).requires_grad_()
+    logits = full[:, :-1]                                   # the usual shift: a strided view
+    targets = torch.randint(0, 64, (2, 8))
+    logp, ent = token_logprobs_entropy(logits, targets, temperature=1.3, max_chunk_elems=3 * 64)
+    ref = full.detach().float().requires_grad_()            # same values, exact fp32 math
+    ref_logp, ref_ent = naive_logp_entropy(ref[:, :-1], targets, 1.3)
+    assert torch.allclose(logp, ref_logp, atol=1e-2)
+    assert torch.allclose(ent, ref_ent, atol=1e-2)
+    logp.sum().backward()
+    ref_logp.sum().backward()
+    assert full.grad.dtype == torch.bfloat16
+    assert torch.allclose(full.grad.float(), ref.grad, atol=1e-2)
+    assert torch.all(full.grad[:, -1] == 0)                 # the cut-off position gets nothing
+
+
+def test_logprobs_bad_input():
+    with pytest.raises(ValueError, match="targets"):
+        token_logprobs_entropy(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs_entropy(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), 0.0)
+
+
+def test_kl_estimators():
+    logp, tgt = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-1.5, -1.0, -0.5])
+    d = tgt - logp
+    assert torch.allclose(kl_estimate(logp, tgt, "k1"), -d)
+    assert torch.allclose(kl_estimate(logp, tgt, "k2"), 0.5 * d * d)
+    assert torch.allclose(kl_estimate(logp, tgt, "k3"), torch.exp(d) - d - 1)
+    assert torch.isfinite(kl_estimate(torch.tensor([-500.0]), torch.tensor([0.0]), "k3")).all()
+    with pytest.raises(ValueError, match="k4"):
+        kl_estimate(logp, tgt, "k4")
+
+
+# ----------------------------------------------------------------------------- losses
+
+def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=None, ref=None,
+                   rollout=None):
+    """The spec, token by token, in plain Python floats."""
+    B, T = len(logp), len(logp[0])
+    lens = [sum(mask[i]) for i in range(B)]
+    ntok = sum(lens)
+    s = [math.exp(sum(mask[i][t] * (logp[i][t] - old[i][t]) for t in range(T)) / lens[i])
+         for i in range(B)]
+
+    def agg(per_token, weights):
+        if cfg.aggregation == "token-mean":
+            return sum(weights[i][t] * per_token[i][t] for i in range(B) for t in range(T)) / ntok
+        if cfg.aggregation == "seq-mean-token-mean":
+            return sum(sum(weights[i][t] * per_token[i][t] for t in range(T)) / lens[i]
+                       for i in range(B)) / N
+        return sum(weights[i][t] * per_token[i][t] for i in range(B) for t in range(T)) / (N * L)
+
+    def k3(lp, tgt):
+        d = max(-20, min(20, tgt - lp))
+        return math.exp(d) - d - 1
+
+    pg = [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        for t in range(T):
+            rho = math.exp(logp[i][t] - old[i][t]) if cfg.ratio == "token" else s[i]
+            clipped = min(max(rho, 1 - cfg.clip_low), 1 + cfg.clip_high)
+            pg[i][t] = -min(rho * adv[i], clipped * adv[i])
+            if cfg.tis:
+                pg[i][t] *= min(math.exp(old[i][t] - rollout[i][t]), cfg.tis_cap)
+    loss = agg(pg, mask)
+    if cfg.kl_coef > 0:
+        loss += cfg.kl_coef * agg([[k3(logp[i][t], ref[i][t]) for t in range(T)]
+                                   for i in range(B)], mask)
+    if cfg.kl_mask:
+        target = old if cfg.kl_mask_target == "old" else ref
+        M = [[mask[i][t] * (adv[i] > 0) * (entropy[i][t] < old_entropy[i][t]) for t in range(T)]
+             for i in range(B)]
+        loss += cfg.kl_mask_coef * agg([[k3(logp[i][t], target[i][t]) for t in range(T)]
+                                        for i in range(B)], M)
+    return loss
+
+
+def make_batch(B=12, T=7, seed=0, spread=0.3):
+    """Random inputs whose ratios land both inside and outside every method's clip range."""
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 3
+    logp = old + spread * torch.randn(B, T, generator=g)
+    mask = torch.ones(B, T)
+    for i in range(B):                                       # ragged lengths, >= 2 tokens each
+        mask[i, 2 + i % (T - 2):] = 0
+    adv = torch.randn(B, generator=g)
+    adv[0] = 0.0
+    entropy = torch.rand(B, T, generator=g) * 2
+    old_entropy = entropy + 0.5 * torch.randn(B, T, generator=g)
+    ref = old + 0.2 * torch.randn(B, T, generator=g)
+    rollout = old + 0.1 * torch.randn(B, T, generator=g)
+    return dict(logp=logp, old=old, adv=adv, mask=mask, entropy=entropy, old_entropy=old_entropy,
+                ref=ref, rollout=rollout)
+
+
+def run_loss(d, cfg, logp=None, **kw):
+    logp = d["logp"] if logp is None else logp
+    N, ntok = d["mask"].shape[0], d["mask"].sum()
+    return policy_loss(logp, d["old"], d["adv"], d["mask"], cfg, num_tokens=ntok, num_seqs=N,
+                       entropy=d["entropy"], old_entropy=d["old_entropy"], ref_logp=d["ref"],
+                       rollout_logp=d["rollout"], **kw)
+
+
+CONFIGS = [LossConfig.preset(m, max_response_len=9) for m in METHODS] + [
+    LossConfig.preset("tepo", kl_mask_target="ref", tis=True, tis_cap=1.05),
+    LossConfig.preset("grpo", aggregation="token-mean", kl_kind="k3", tis=True),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.method}-{c.aggregation}-{c.tis}")
+@pytest.mark.parametrize("spread", [0.0005, 0.3])
+def test_loss_matches_per_token_reference(cfg, spread):
+    d = make_batch(seed=3, spread=spread)
+    loss, _ = run_loss(d, cfg)
+    L = lambda k: d[k].tolist()  # noqa: E731
+    expected = reference_loss(L("logp"), L("old"), L("adv"), L("mask"), cfg, 12, 9, L("entropy"),
+                              L("old_entropy"), L("ref"), L("rollout"))
+    assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_inputs_cover_both_sides_of_the_clip():
+    d = make_batch(seed=3, spread=0.3)
+    for cfg in (LossConfig.preset("dapo"), LossConfig.preset("tepo")):
+        _, m = run_loss(d, cfg)
+        assert m["clip_frac_low"] > 0 and m["clip_frac_high"] > 0
+        assert m["ratio_min"] < 1 - cfg.clip_low and m["ratio_max"] > 1 + cfg.clip_high
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradient_at_theta_old(method):
+    """At theta = theta_old every ratio is 1: d loss / d logp is -A_i over the normaliser."""
+    d = make_batch(seed=5)
+    d["ref"] = d["old"].clone()                              # KL-to-ref gradient is 0 there too
+    cfg = LossConfig.preset(method, max_response_len=9)
+    logp = d["old"].clone().requires_grad_()
+    loss, m = run_loss(d, cfg, logp=logp)
+    loss.backward()
+    mask, A = d["mask"], d["adv"][:, None]
+    N, ntok, lens = mask.shape[0], mask.sum(), mask.sum(1, keepdim=True)
+    norm = {"token-mean": ntok, "seq-mean-token-mean": N * lens,
+            "seq-mean-token-sum-norm": N * 9}[cfg.aggregation]
+    assert torch.allclose(logp.grad, -A * mask / norm, atol=1e-12)
+    assert m["loss/kl_mask"] == 0 and m["clip_frac_low"] == 0 and m["clip_frac_high"] == 0
+
+
+@pytest.mark.parametrize("method", ["dapo", "grpo", "gspo", "tepo"])
+def test_pessimistically_clipped_tokens_get_no_gradient(method):
+    d = make_batch(seed=7, spread=0.5)
+    cfg = LossConfig.preset(method, kl_coef=0.0, kl_mask=False)
+    logp = d["logp"].clone().requires_grad_()
+    run_loss(d, cfg, logp=logp)[0].backward()
+    A = d["adv"][:, None].expand_as(logp)
+    if cfg.ratio == "token":
+        rho = torch.exp(d["logp"] - d["old"])
+    else:
+        s = torch.exp(((d["logp"] - d["old"]) * d["mask"]).sum(1) / d["mask"].sum(1))
+        rho = s[:, None].expand_as(logp)
+    dead = ((rho > 1 + cfg.clip_high) & (A > 0)) | ((rho < 1 - cfg.clip_low) & (A < 0))
+    live = ~dead & (d["mask"] > 0) & (A != 0)
+    assert dead.any() and live.any()
+    assert torch.all(logp.grad[dead] == 0)
+    assert torch.all(logp.grad[live] != 0)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean",
+                                         "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("ratio", ["token", "sequence"])
+def test_microbatches_sum_to_the_whole_batch(aggregation, ratio):
+    d = make_batch(B=8, T=7, seed=11, spread=0.2)
+    cfg = LossConfig(method="tepo", ratio=ratio, clip_low=0.1, clip_high=0.15,
+                     aggregation=aggregation, max_response_len=9, kl_coef=0.05, kl_mask=True,
+                     tis=True)
+    N, ntok = 8, d["mask"].sum()
+    logp = d["logp"].clone().requires_grad_()
+    whole, m_whole = run_loss(d, cfg, logp=logp)
+    (g_whole,) = torch.autograd.grad(whole, logp)
+    total, sums = 0.0, {}
+    logp2 = d["logp"].clone().requires_grad_()
+    for idx in ([0, 5, 2], [1], [3, 4, 6, 7]):               # uneven, shuffled micro-batches
+        sub = {k: v[idx] for k, v in d.items()}
+        loss, m = policy_loss(logp2[idx], sub["old"], sub["adv"], sub["mask"], cfg,
+                              num_tokens=ntok, num_seqs=N, entropy=sub["entropy"],
+                              old_entropy=sub["old_entropy"], ref_logp=sub["ref"],
+                              rollout_logp=sub["rollout"])
+        loss.backward()
+        total += loss.item()
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0) + v if not k.startswith("ratio_m") else v
+    assert total == pytest.approx(whole.item(), abs=1e-6)
+    assert torch.allclose(logp2.grad, g_whole, atol=1e-6)
+    for k in ("clip_frac_low", "clip_frac_high", "kl_mask_frac", "entropy", "mismatch",
+              "loss/policy", "cov/logp_adv"):
+        assert float(sums[k]) == pytest.approx(float(m_whole[k]), abs=1e-6), k
+
+
+def test_aggregate_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="token-sum"):
+        aggregate(torch.ones(2, 2), torch.ones(2, 2), "token-sum", num_tokens=4, num_seqs=2)
+
+
+def test_kl_mask_acts_exactly_where_spec_says():
+    d = make_batch(B=6, T=7, seed=13)
+    cfg = LossConfig.preset("tepo")
+    expected = (d["mask"] > 0) & (d["adv"][:, None] > 0) & (d["entropy"] < d["old_entropy"])
+    assert expected.any() and (~expected & (d["mask"] > 0)).any()
+    logp = d["logp"].clone().requires_grad_()
+    loss_on, m = run_loss(d, cfg, logp=logp)
+    assert m["kl_mask_frac"].item() == pytest.approx(expected.sum().item() / d["mask"].sum().item())
+    # The mask term's gradient (loss with mask minus loss without) lives exactly on M.
+    (g_on,) = torch.autograd.grad(loss_on, logp)
+    logp_off = d["logp"].clone().requires_grad_()
+    (g_off,) = torch.autograd.grad(run_loss(d, LossConfig.preset("tepo", kl_mask=False),
+                                            logp=logp_off)[0], logp_off)
+    kl_grad = g_on - g_off
+    assert torch.all(kl_grad[~expected] == 0)
+    # d/dlogp of beta * k3 / ntok = beta * (1 - exp(old - logp)) / ntok
+    analytic = cfg.kl_mask_coef * (1 - torch.exp(d["old"] - d["logp"])) / d["mask"].sum()
+    assert torch.allclose(kl_grad[expected], analytic[expected], atol=1e-12)
+
+
+def test_kl_mask_empty_at_theta_old():
+    d = make_batch(seed=17)
+    d["entropy"] = d["old_entropy"].clone()                 # same policy, same entropy
+    _, m = run_loss(d, LossConfig.preset("tepo"), logp=d["old"])
+    assert m["kl_mask_frac"] == 0 and m["loss/kl_mask"] == 0
+
+
+def test_metrics_values():
+    d = make_batch(seed=19)
+    cfg = LossConfig.preset("dapo", tis=True)
+    _, m = run_loss(d, cfg)
+    mask, ntok = d["mask"] > 0, d["mask"].sum()
+    r = torch.exp(d["logp"] - d["old"])
+    A = d["adv"][:, None].expand_as(r)
+    assert m["clip_frac_high"].item() == pytest.approx(((r > 1.28) & (A > 0) & mask).sum() / ntok)
+    assert m["clip_frac_low"].item() == pytest.approx(((r < 0.8) & (A < 0) & mask).sum() / ntok)
+    assert m["ratio_max"].item() == pytest.approx(r[mask].max().item())
+    assert m["mismatch"].item() == pytest.approx((d["rollout"] - d["old"]).abs()[mask].mean().item())
+    lp, a = d["logp"][mask], A[mask]
+    cov = ((lp - lp.mean()) * (a - a.mean())).mean()
+    assert finish_metrics(m)["cov_logp_adv"] == pytest.approx(cov.item())
+
+
+def test_bad_input_is_a_clear_error():
+    d = make_batch()
+    cfg = LossConfig.preset("tepo")
+    with pytest.raises(ValueError, match="old_logp has shape"):
+        policy_loss(d["logp"], d["old"][:, :3], d["adv"], d["mask"], cfg, num_tokens=1, num_seqs=1)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(d["logp"], d["old"], d["adv"][:2], d["mask"], cfg, num_tokens=1, num_seqs=1)
+    empty = d["mask"].clone()
+    empty[2] = 0
+    with pytest.raises(ValueError, match="no response tokens"):
+        policy_loss(d["logp"], d["old"], d["adv"], empty, cfg, num_tokens=1, num_seqs=1)
+    with pytest.raises(ValueError, match="entropy"):
+        policy_loss(d["logp"], d["old"], d["adv"], d["mask"], cfg, num_tokens=1, num_seqs=1)
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(d["logp"], d["old"], d["adv"], d["mask"], LossConfig.preset("grpo"),
+                    num_tokens=1, num_seqs=1)
+    with pytest.raises(ValueError, match="num_tokens"):
+        policy_loss(d["logp"], d["old"], d["adv"], d["mask"], LossConfig.preset("dapo"),
+                    num_tokens=0, num_seqs=1)
+    with pytest.raises(ValueError, match="unknown method 'ppo'"):
+        LossConfig.preset("ppo")
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        LossConfig(aggregation="sum")
+    with pytest.raises(ValueError, match="max_response_len"):
+        LossConfig.preset("drgrpo")
