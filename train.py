@@ -1,0 +1,646 @@
+"""RL for math reasoning with TEPO and its baselines: one FSDP2 training loop, top to bottom.
+
+    torchrun --nproc_per_node N train.py --config configs/tepo.yaml [--set key=value ...] [--resume]
+
+Every rank holds a shard of the policy (FSDP2) and its own rollout engine (rollout.py), and samples
+its own share of the prompts. One RL step, as `main` reads:
+  1. sample    P prompts (P / N per rank), G responses each, with the rollout engine
+  2. grade     with reward.py; DAPO's overlong shaping and dynamic sampling when configured
+  3. prepare   group advantages; old log-probs and entropy (no grad); reference log-probs if needed
+  4. update    `num_minibatches` optimizer steps, each accumulated over micro-batches that fit a
+               token budget, the loss normalised by token/sequence counts all-reduced over ranks
+  5. sync      full weights from FSDP2 into the engine; log metrics.jsonl; checkpoint
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from tqdm import tqdm
+
+import reward
+import rollout
+import tepo
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class Config:
+    """Every setting of a run; the README documents each. YAML keys map onto these fields."""
+    model: str = ""                      # HF model directory or hub id (the initial policy)
+    train_data: str = ""                 # JSONL with "problem" and "answer"
+    eval_data: str = ""                  # held-out JSONL, evaluated at start, every eval_every, end
+    prompt_template: str | None = None   # "{problem}" template; None: chat template or plain
+    out_dir: str = "runs/run"
+    seed: int = 0
+    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo
+    loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig.preset(method)
+    steps: int = 100                     # RL steps
+    prompts_per_step: int = 16           # P, over all ranks
+    group_size: int = 8                  # G responses per prompt
+    max_prompt_len: int = 512            # tokens; longer training prompts are dropped at load
+    max_new_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    num_minibatches: int = 4             # optimizer steps per RL step
+    micro_batch_tokens: int = 16384      # padded tokens per forward/backward, per rank
+    lr: float = 1e-6
+    lr_schedule: str = "constant"        # constant | cosine (after warm-up)
+    warmup_steps: int = 0                # RL steps of linear warm-up
+    min_lr_ratio: float = 0.0            # cosine floor, as a fraction of lr
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.999)
+    grad_clip: float = 1.0
+    dynamic_sampling: bool | None = None  # None: on for dapo
+    max_sampling_tries: int = 3
+    overlong_buffer: int | None = None   # None: max_new_tokens // 4 for dapo, else 0 (off)
+    overlong_factor: float = 1.0
+    backend: str = "vllm"                # vllm | hf
+    dtype: str = "auto"                  # auto: bfloat16 on GPU, float32 on CPU
+    gpu_memory_utilization: float = 0.4
+    activation_checkpointing: bool = False
+    eval_every: int = 0                  # 0: only at start and end
+    eval_n: int = 1                      # samples per held-out problem
+    eval_max_problems: int = 0           # 0: all
+    save_every: int = 0                  # 0: only at the end
+    keep_last: int = 2
+    log_samples_every: int = 10          # write a few graded responses to samples.jsonl
+    max_bad_steps: int = 5               # consecutive non-finite updates before stopping
+
+    def __post_init__(self):
+        self.loss_cfg = tepo.LossConfig.preset(self.method, **{
+            "max_response_len": self.max_new_tokens, **self.loss})
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = self.method == "dapo"
+        if self.overlong_buffer is None:
+            self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
+        for name in ("model", "train_data"):
+            if not getattr(self, name):
+                raise ValueError(f"config: `{name}` is required")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+
+
+def load_config(path, overrides=()):
+    """YAML file + `key=value` overrides -> Config. Unknown keys are errors listing valid ones."""
+    raw = {}
+    if path:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config file not found: {path}")
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        target = raw
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            target = target.setdefault(p, {})
+        target[leaf] = yaml.safe_load(value)
+    valid = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = sorted(set(raw) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
+    loss_valid = {f.name for f in dataclasses.fields(tepo.LossConfig)} - {"method"}
+    bad = sorted(set(raw.get("loss") or {}) - loss_valid)
+    if bad:
+        raise ValueError(f"unknown loss key(s) {bad}; valid keys: {sorted(loss_valid)}")
+    for key, value in raw.items():  # catch `lr: abc` early, with the key's name
+        default = valid[key].default
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            try:  # YAML reads 3e-6 (no dot) as a string: accept any number-like string
+                number = float(value) if not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                number = None
+            if number is None or (isinstance(default, int) and number != int(number)):
+                kind = "an integer" if isinstance(default, int) else "a number"
+                raise ValueError(f"config key {key!r} must be {kind}, got {value!r}")
+            raw[key] = type(default)(number)
+    if "betas" in raw:
+        raw["betas"] = tuple(raw["betas"])
+    return Config(**raw)
+
+
+# ----------------------------------------------------------------------------- distributed model
+
+
+def setup_distributed():
+    """Join the torchrun group (or a group of one): nccl on GPU, gloo on CPU. -> rank, world, device."""
+    if "RANK" not in os.environ:  # plain `python train.py`: a group of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def load_policy(path, cfg, device, trainable=True):
+    """An HF causal LM, sharded with FSDP2: each decoder layer, then the root.
+
+    Master weights stay fp32; on GPU the forward/backward run in bf16 with fp32 gradient
+    reduction. Dropout is switched off: the policy ratio compares two forward passes, which
+    must agree exactly at theta = theta_old.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    if hasattr(model.config, "attention_dropout"):
+        model.config.attention_dropout = 0.0
+    if cfg.activation_checkpointing and trainable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if device.type == "cuda" else MixedPrecisionPolicy())
+    model.to(device)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model.train(trainable)
+    if not trainable:
+        model.requires_grad_(False)
+    return model
+
+
+def full_weights(model):
+    """Yield (name, full tensor) over the FSDP2 state dict; a collective: every rank must iterate."""
+    for name, tensor in model.state_dict().items():
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def all_reduce(values, op=dist.ReduceOp.SUM, device="cpu"):
+    """Reduce a list of floats over ranks in one collective -> list of floats."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_train_rows(cfg, tokenizer, rank):
+    """Training rows whose prompt fits max_prompt_len, each with its prompt text."""
+    rows = rollout.load_problems(cfg.train_data)
+    kept = []
+    for row in rows:
+        row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
+        if len(tokenizer(row["prompt"]).input_ids) <= cfg.max_prompt_len:
+            kept.append(row)
+    if not kept:
+        raise ValueError(f"{cfg.train_data}: no prompt fits max_prompt_len={cfg.max_prompt_len}")
+    if rank == 0 and len(kept) < len(rows):
+        print(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
+              f"max_prompt_len={cfg.max_prompt_len}")
+    return kept
+
+
+def take_prompts(rows, pos, count, seed):
+    """Rows pos .. pos+count of an endless stream: the data set reshuffled each epoch, seeded."""
+    out = []
+    for p in range(pos, pos + count):
+        epoch, i = divmod(p, len(rows))
+        order = np.random.default_rng([seed, epoch]).permutation(len(rows))
+        out.append(rows[order[i]])
+    return out
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def micro_batches(seqs, budget):
+    """Split sequences (dicts with "ids") into micro-batches of at most `budget` padded tokens.
+
+    Sorting by length first means little compute is spent on padding.
+    """
+    order = sorted(seqs, key=lambda s: len(s["ids"]))
+    out, cur = [], []
+    for s in order:
+        if cur and (len(cur) + 1) * len(s["ids"]) > budget:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    return out + [cur] if cur else out
+
+
+def collate(mb, device):
+    """Right-pad a micro-batch: input ids (b, L), and for the response tokens, (b, Lr) tensors.
+
+    Response-aligned tensors (response token j of row b in column j) keep the loss code free of
+    prompt offsets: `index` maps them into the log-probs of positions prompt_len..L-1.
+    """
+    L = max(len(s["ids"]) for s in mb)
+    Lr = max(len(s["resp"]) for s in mb)
+    p0 = min(s["plen"] for s in mb)
+    ids = torch.zeros(len(mb), L, dtype=torch.long)
+    index = torch.zeros(len(mb), Lr, dtype=torch.long)
+    mask = torch.zeros(len(mb), Lr)
+    for b, s in enumerate(mb):
+        ids[b, :len(s["ids"])] = torch.tensor(s["ids"])
+        n = len(s["resp"])
+        index[b, :n] = torch.arange(s["plen"] - p0, s["plen"] - p0 + n)
+        mask[b, :n] = 1
+    out = {"ids": ids, "index": index, "mask": mask, "p0": p0,
+           "adv": torch.tensor([s["adv"] for s in mb], dtype=torch.float32)}
+    for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp"):
+        if key in mb[0]:
+            out[key] = torch.zeros(len(mb), Lr)
+            for b, s in enumerate(mb):
+                out[key][b, :len(s[key])] = s[key]
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
+
+
+def response_logprobs(model, batch, temperature, with_entropy):
+    """Log-probs (b, Lr) of the response tokens under `model`, and their entropy (b, Lr) or None.
+
+    The LM head runs only from the shortest prompt on (`logits_to_keep`). No attention mask is
+    passed: padding sits at the right end, and causal attention never looks right.
+    """
+    ids, p0 = batch["ids"], batch["p0"]
+    logits = model(input_ids=ids, logits_to_keep=ids.shape[1] - p0 + 1, use_cache=False).logits
+    logp, entropy = tepo.token_logprobs_entropy(logits[:, :-1], ids[:, p0:], temperature,
+                                                with_entropy)
+    logp = logp.gather(1, batch["index"])
+    return logp, entropy.gather(1, batch["index"]) if with_entropy else None
+
+
+def dummy_forward(model):
+    """A forward/backward that contributes nothing, so a rank with fewer micro-batches still
+    joins every FSDP collective its peers make (otherwise the group would hang)."""
+    model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=next(model.parameters()).device),
+          use_cache=False).logits.sum().mul(0.0).backward()
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank):
+    """Write out_dir/step_XXXXXX: an HF model directory plus the training state, atomically.
+
+    Everything goes to a `.tmp` directory that is renamed once complete, so a crash mid-save never
+    damages the last good checkpoint; then all but the newest `keep_last` are removed.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final = os.path.join(cfg.out_dir, f"step_{state['step']:06d}")
+    tmp = final + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    weights = dict(full_weights(model))
+    if rank == 0:
+        model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
+            yaml.safe_dump(config_dict(cfg), f)
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump(state, f)
+    del weights
+    _, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"optim": optim_sd}, checkpoint_id=os.path.join(tmp, "optim"))
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
+    dist.barrier()
+    if rank == 0:
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in sorted(list_checkpoints(cfg.out_dir))[:-cfg.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def list_checkpoints(out_dir):
+    if not os.path.isdir(out_dir):
+        return []
+    return [os.path.join(out_dir, d) for d in sorted(os.listdir(out_dir))
+            if d.startswith("step_") and not d.endswith(".tmp")]
+
+
+def load_training_state(ckpt, model, optimizer, rank):
+    """Restore optimizer state, RNG states and the trainer's counters from a checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.load({"optim": optim_sd}, checkpoint_id=os.path.join(ckpt, "optim"))
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    rng = torch.load(os.path.join(ckpt, f"rng_rank{rank}.pt"), weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    with open(os.path.join(ckpt, "trainer_state.json")) as f:
+        return json.load(f)
+
+
+def config_dict(cfg):
+    return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
+            for f in dataclasses.fields(cfg)}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate(engine, rows, cfg, rank, world, seed):
+    """Held-out accuracy: mean correctness of eval_n samples per problem, over all ranks."""
+    mine = rows[rank::world]
+    outs = engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
+                           max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                           top_p=cfg.top_p, seed=seed) if mine else []
+    correct = sum(reward.math_reward(s.text, r["answer"]) >= 1.0
+                  for r, group in zip(mine, outs) for s in group)
+    total = all_reduce([correct, len(mine) * cfg.eval_n])
+    return total[0] / max(total[1], 1)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def lr_at(cfg, step):
+    """Learning rate for RL step `step`: linear warm-up, then constant or cosine decay."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def sample_seed(*parts):
+    """A 32-bit sampling seed from (run seed, step, try, rank): a resumed run samples the same."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def grade(cfg, sample, answer):
+    """-> (reward, correct). DAPO's overlong shaping: a penalty growing linearly over the last
+    `overlong_buffer` tokens before max_new_tokens."""
+    r = reward.math_reward(sample.text, answer)
+    correct = r >= 1.0
+    B, n = cfg.overlong_buffer, len(sample.response_ids)
+    if B > 0 and n > cfg.max_new_tokens - B:
+        r += min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor)
+    return r, correct
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", help="YAML file of Config fields")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key (repeatable; loss.clip_high=0.0005 for loss keys)")
+    ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
+                    help="continue from the newest checkpoint in out_dir, or from CKPT")
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    rank, world, device = setup_distributed()
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    rows = load_train_rows(cfg, tokenizer, rank)
+    eval_rows = []
+    if cfg.eval_data:
+        eval_rows = rollout.load_problems(cfg.eval_data)[:cfg.eval_max_problems or None]
+        for row in eval_rows:
+            row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
+
+    ckpt = None
+    if args.resume:
+        found = list_checkpoints(cfg.out_dir)
+        ckpt = found[-1] if args.resume == "latest" and found else args.resume
+        if ckpt == "latest" or not os.path.isdir(ckpt):
+            raise FileNotFoundError(f"--resume: no checkpoint {ckpt!r} (out_dir={cfg.out_dir})")
+    start = ckpt or cfg.model
+    torch.manual_seed(cfg.seed + rank)
+    model = load_policy(start, cfg, device)
+    ref_model = load_policy(cfg.model, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                  weight_decay=cfg.weight_decay)
+    state = {"step": 0, "data_pos": 0, "bad_in_a_row": 0, "skipped": 0}
+    if ckpt:
+        state = load_training_state(ckpt, model, optimizer, rank)
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    engine = rollout.make_engine(start, backend=cfg.backend, dtype=dtype, seed=cfg.seed + rank,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
+
+    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
+    if rank == 0:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        old = open(metrics_path).readlines() if ckpt and os.path.exists(metrics_path) else []
+        with open(metrics_path, "w") as f:  # a resumed run drops lines logged after its checkpoint
+            f.writelines(ln for ln in old if json.loads(ln)["step"] <= state["step"])
+        with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump(config_dict(cfg), f)
+
+    def log(record):
+        if rank == 0:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    if eval_rows and state["step"] == 0:
+        log({"step": 0, "eval_accuracy": evaluate(engine, eval_rows, cfg, rank, world,
+                                                  sample_seed(cfg.seed, 0, 99, rank))})
+    G, lcfg = cfg.group_size, cfg.loss_cfg
+    bar = tqdm(range(state["step"], cfg.steps), disable=rank != 0, desc="RL", initial=state["step"],
+               total=cfg.steps)
+    for step in bar:
+        t = dict.fromkeys(["rollout", "reward", "old_logprobs", "update", "sync"], 0.0)
+        t_step = time.perf_counter()
+
+        # 1-2. Sample and grade. Dynamic sampling keeps only groups with some reward spread and
+        # samples fresh prompts until every rank holds its quota (or the tries run out).
+        quota, groups, drawn = cfg.prompts_per_step // world, [], []
+        for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
+            prompts = take_prompts(rows, state["data_pos"], cfg.prompts_per_step, cfg.seed)
+            prompts = prompts[rank::world]
+            state["data_pos"] += cfg.prompts_per_step
+            t0 = time.perf_counter()
+            outs = engine.generate([r["prompt"] for r in prompts], n=G, max_tokens=cfg.max_new_tokens,
+                                   temperature=cfg.temperature, top_p=cfg.top_p,
+                                   seed=sample_seed(cfg.seed, step, attempt, rank))
+            t1 = time.perf_counter()
+            new = []
+            for row, samples in zip(prompts, outs):
+                graded = [grade(cfg, s, row["answer"]) for s in samples]
+                new.append((row, samples, [g[0] for g in graded], [g[1] for g in graded]))
+            groups, drawn = groups + new, drawn + new
+            t["rollout"] += t1 - t0
+            t["reward"] += time.perf_counter() - t1
+            if not cfg.dynamic_sampling:
+                break
+            groups = [g for g in groups if max(g[2]) > min(g[2])][:quota]
+            if all_reduce([len(groups) < quota], dist.ReduceOp.MAX)[0] == 0:
+                break
+        engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
+
+        # 3. Advantages, then old (and reference) log-probs. The first mini-batch needs no old
+        # pass: before the first optimizer step theta = theta_old, so its own forward provides them.
+        t0 = time.perf_counter()
+        seqs = []
+        for row, samples, rewards, _ in groups:
+            adv = tepo.group_advantages(torch.tensor(rewards), G, lcfg.adv_std_norm)
+            for s, a in zip(samples, adv.tolist()):
+                seqs.append({"ids": list(s.prompt_ids) + list(s.response_ids), "plen": len(s.prompt_ids),
+                             "resp": s.response_ids, "adv": a,
+                             "rollout_logp": torch.tensor(s.logprobs, dtype=torch.float32)})
+        chunks = np.array_split(np.arange(len(seqs)), cfg.num_minibatches)
+        plan = [micro_batches([seqs[i] for i in c], cfg.micro_batch_tokens) for c in chunks]
+        n_micro = all_reduce([len(p) for p in plan], dist.ReduceOp.MAX)
+        plan = [p + [None] * (int(n) - len(p)) for p, n in zip(plan, n_micro)]
+        counts = all_reduce([v for c in chunks for v in (sum(len(seqs[i]["resp"]) for i in c), len(c))])
+        with torch.no_grad():
+            for k, mbs in enumerate(plan):
+                passes = [m for m, needed in ((model, k > 0), (ref_model, ref_model is not None))
+                          if needed]
+                for mb in mbs:
+                    if mb is None:  # keep this rank in step with the FSDP collectives of its peers
+                        for m in passes:
+                            m(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device))
+                        continue
+                    batch = collate(mb, device) if passes else None
+                    if k > 0:
+                        logp, ent = response_logprobs(model, batch, cfg.temperature, True)
+                    if ref_model is not None:
+                        ref_logp, _ = response_logprobs(ref_model, batch, cfg.temperature, False)
+                    for b, s in enumerate(mb):
+                        n = len(s["resp"])
+                        if k > 0:
+                            s["old_logp"], s["old_entropy"] = logp[b, :n], ent[b, :n]
+                        if ref_model is not None:
+                            s["ref_logp"] = ref_logp[b, :n]
+        t["old_logprobs"] = time.perf_counter() - t0
+
+        # 4. Mini-batch updates: gradients accumulate over micro-batches; the loss of each is
+        # normalised by the global token/sequence counts of its mini-batch.
+        t0 = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        sums, stats, updated = {}, [], False
+        for k, mbs in enumerate(plan):
+            num_tokens, num_seqs = counts[2 * k], counts[2 * k + 1]
+            if num_seqs == 0:
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for mb in mbs:
+                if mb is None:
+                    dummy_forward(model)
+                    continue
+                batch = collate(mb, device)
+                logp, ent = response_logprobs(model, batch, cfg.temperature, True)
+                old, old_ent = ((logp.detach(), ent) if k == 0 else
+                                (batch["old_logp"], batch["old_entropy"]))
+                loss, m = tepo.policy_loss(logp, old, batch["adv"], batch["mask"], lcfg,
+                                           num_tokens=num_tokens, num_seqs=num_seqs, entropy=ent,
+                                           old_entropy=old_ent, ref_logp=batch.get("ref_logp"),
+                                           rollout_logp=batch["rollout_logp"])
+                loss.backward()
+                loss_sum += loss.item()
+                for key, v in m.items():
+                    reduce = min if key == "ratio_min" else max if key == "ratio_max" else None
+                    sums[key] = reduce(sums.get(key, v), v) if reduce else sums.get(key, 0.0) + v
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+            loss_finite = all_reduce([math.isfinite(loss_sum)], dist.ReduceOp.MIN)[0]
+            if math.isfinite(grad_norm) and loss_finite:
+                optimizer.step()
+                updated, state["bad_in_a_row"] = True, 0
+            else:
+                state["skipped"] += 1
+                state["bad_in_a_row"] += 1
+            stats.append((loss_sum, grad_norm))
+        optimizer.zero_grad(set_to_none=True)
+        t["update"] = time.perf_counter() - t0
+        if state["bad_in_a_row"] > cfg.max_bad_steps:
+            state["step"] = step
+            path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank)
+            raise RuntimeError(f"{state['bad_in_a_row']} optimizer steps in a row had a non-finite "
+                               f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped. The "
+                               f"last good state is saved in {path}")
+
+        # 5. Weight sync (only if the weights changed), metrics, samples, checkpoint.
+        t0 = time.perf_counter()
+        engine.wake()
+        if updated:
+            engine.update_weights(full_weights(model))
+        t["sync"] = time.perf_counter() - t0
+        state["step"] = step + 1
+        record = step_metrics(cfg, step, drawn, groups, sums, stats, t, time.perf_counter() - t_step,
+                              state)
+        if eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
+            record["eval_accuracy"] = evaluate(engine, eval_rows, cfg, rank, world,
+                                               sample_seed(cfg.seed, step + 1, 99, rank))
+        log(record)
+        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
+                        s_per_step=f"{record['time/step']:.1f}")
+        if rank == 0 and cfg.log_samples_every and step % cfg.log_samples_every == 0:
+            with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
+                for row, samples, rewards, _ in drawn[:2]:
+                    for s, r in list(zip(samples, rewards))[:2]:
+                        f.write(json.dumps({"step": step + 1, "prompt": row["prompt"], "answer": row["answer"],
+                                            "response": s.text, "reward": r}) + "\n")
+        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+            path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank)
+            if rank == 0 and step + 1 == cfg.steps:
+                print(f"final checkpoint: {path}")
+    dist.destroy_process_group()
+
+
+def step_metrics(cfg, step, drawn, groups, sums, stats, t, step_time, state):
+    """One metrics.jsonl record: every diagnostic of the spec, reduced over ranks."""
+    samples = [(s, r, c) for _, ss, rs, cs in drawn for s, r, c in zip(ss, rs, cs)]
+    lens = [len(s.response_ids) for s, _, _ in samples]
+    tot = all_reduce([sum(r for _, r, _ in samples), sum(c for _, _, c in samples), len(samples),
+                      sum(lens), sum(s.finish_reason == "length" for s, _, _ in samples), len(groups),
+                      len(drawn)])
+    mx = all_reduce([max(lens, default=0)], dist.ReduceOp.MAX)[0]
+    # Loss metrics: add over ranks (min/max for the ratio extremes), then average over the
+    # mini-batches. A rank that trained on nothing has no keys, hence the gathered key set.
+    key_sets = [None] * dist.get_world_size()
+    dist.all_gather_object(key_sets, sorted(sums))
+    keys = sorted(set().union(*key_sets))
+    fill = {"ratio_min": math.inf, "ratio_max": -math.inf}
+    vals = [float(sums.get(k, fill.get(k, 0.0))) for k in keys]
+    summed = all_reduce(vals)
+    mins, maxs = all_reduce(vals, dist.ReduceOp.MIN), all_reduce(vals, dist.ReduceOp.MAX)
+    red = {k: lo if k == "ratio_min" else hi if k == "ratio_max" else s / max(len(stats), 1)
+           for k, s, lo, hi in zip(keys, summed, mins, maxs)}
+    n = max(tot[2], 1)
+    record = {"step": step + 1, "reward": tot[0] / n, "accuracy": tot[1] / n,
+              "response_len": tot[3] / n, "response_len_max": mx, "truncated": tot[4] / n,
+              **tepo.finish_metrics(red),
+              "grad_norm": sum(g for _, g in stats) / max(len(stats), 1),
+              "lr": lr_at(cfg, step), "skipped_updates": state["skipped"],
+              "time/step": step_time, **{f"time/{k}": v for k, v in t.items()},
+              "tokens_per_s": tot[3] / max(t["rollout"], 1e-9)}
+    if cfg.dynamic_sampling:
+        record["groups_kept"] = tot[5] / max(tot[6], 1)
+    return record
+
+
+if __name__ == "__main__":
+    main()
