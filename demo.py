@@ -1,14 +1,29 @@
-"""The demo: a tiny Qwen2 model with a character-level tokenizer, made here from nothing.
+"""The demo: a task the project makes itself, and a tiny char-level Qwen2 model pre-trained on it.
 
 No model hub is needed: `make_tiny_model(dir)` writes a transformers-format directory
 (config, safetensors, tokenizer) that transformers, vLLM and every file of this project load
 like any hub checkpoint. The tests and benchmarks use it at several sizes.
+
+The demo task is arithmetic word problems ("Ann has 347 coins and finds 258 more. ...") whose
+worked solutions do column arithmetic one digit at a time, so that every step is local and a
+~1M-parameter model can learn it. `python demo.py prepare --out runs/demo` writes the data,
+pre-trains the tiny model on worked solutions for a few minutes (so that it starts partially
+right), and prints its held-out accuracy; RL (train.py) then takes it from there.
 """
+import argparse
+import json
+import math
 import os
+import random
+import re
+import time
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+import torch.nn.functional as F
+from transformers import (AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2Tokenizer)
+
+from rollout import build_prompt, load_problems
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 # Every printable ASCII character plus newline, one token each: 2 specials + 96 characters.
@@ -16,23 +31,26 @@ CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
 
 
 def make_char_tokenizer(vocab_size=128):
-    """A character-level tokenizer: one token per character, unknown characters map to '?'.
+    """A character-level tokenizer: one token per character of CHARS (printable ASCII, newline).
 
-    Built with the `tokenizers` library so it saves as a standard `tokenizer.json` that vLLM reads.
-    The vocabulary is padded with unused tokens to `vocab_size` (a multiple of 8 suits the kernels).
+    It is Qwen2's own tokenizer class with a vocabulary of single bytes and no merges. Why: for a
+    model_type=qwen2 directory, transformers 5 loads the tokenizer as Qwen2Tokenizer whatever
+    tokenizer_config.json says, and that class rebuilds a byte-level BPE pipeline around the saved
+    vocabulary, so a tokenizer of any other kind comes back broken (symptom: AutoTokenizer and vLLM
+    silently drop every space and newline). Byte-level BPE spells ' ' as 'Ġ' and '\\n' as 'Ċ'.
+    Characters outside CHARS are dropped (Qwen2's BPE has no unknown token). The vocabulary is
+    padded with unused tokens to `vocab_size` (a multiple of 8 suits the kernels).
     """
+    byte_level = {" ": "\u0120", "\n": "\u010a"}  # GPT-2's bytes_to_unicode; other ASCII is itself
     vocab = {PAD: 0, EOS: 1}
     for ch in CHARS:
-        vocab[ch] = len(vocab)
-    assert vocab_size >= len(vocab), f"vocab_size must be at least {len(vocab)}"
+        vocab[byte_level.get(ch, ch)] = len(vocab)
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size must be at least {len(vocab)}, got {vocab_size}")
     for i in range(len(vocab), vocab_size):
         vocab[f"<|unused{i}|>"] = i
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
-    # Split into single characters ((?s) lets '.' match newlines); Fuse joins them back on decode.
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                   unk_token="?", model_max_length=4096)
+    return Qwen2Tokenizer(vocab=vocab, merges=[], unk_token=None, eos_token=EOS, pad_token=PAD,
+                          model_max_length=4096)
 
 
 def make_tiny_model(path, *, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128,
@@ -54,3 +72,319 @@ def make_tiny_model(path, *, hidden=64, layers=2, heads=2, kv_heads=1, intermedi
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# The size of the demo model (~0.8M parameters): head size 32, the least vLLM's CPU attention takes.
+DEMO_MODEL = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, max_positions=512)
+
+# ----------------------------------------------------------------------------------------------
+# The task: arithmetic word problems with worked column-arithmetic solutions
+
+DEMO_TEMPLATE = "{problem}\nAnswer in \\boxed{}.\n"
+
+NAMES = [("Ann", "she"), ("Bob", "he"), ("Mia", "she"), ("Tom", "he"), ("Eva", "she"), ("Sam", "he")]
+THINGS = ["coins", "apples", "stamps", "cards", "beads", "shells"]
+STORIES = {  # {n} name, {p} pronoun, {o} things, {a} {b} the numbers
+    "+": ["{n} has {a} {o} and finds {b} more. How many {o} does {p} have now?",
+          "{n} had {a} {o} and bought {b} more. How many {o} does {p} have?",
+          "A box holds {a} {o}. {n} adds {b} more. How many {o} are in the box?"],
+    "-": ["{n} has {a} {o} and gives away {b}. How many {o} are left?",
+          "{n} had {a} {o} and lost {b}. How many {o} does {p} have now?",
+          "A box holds {a} {o}. {n} takes out {b}. How many {o} are in the box?"],
+    "*": ["{n} buys {b} bags of {a} {o}. How many {o} is that?",
+          "{n} has {b} boxes with {a} {o} each. How many {o} in total?"],
+}
+
+
+def worked_solution(a, op, b):
+    """The worked solution of `a op b`: one line per digit column, right to left, then the answer.
+
+    347+258 -> "347+258\\n7+8=15\\n4+5+1=10\\n3+2+1=6\\n\\boxed{605}". Every line is a one-digit
+    fact plus a carry read off the line above; subtraction marks a borrow by writing the top digit
+    as 1d (547-258: "17-8=9\\n14-5-1=8\\n5-2-1=2"); multiplication is by one digit b.
+    """
+    if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
+        raise ValueError(f"operands must be non-negative ints, got {a!r}, {b!r}")
+    if op == "-" and a < b:
+        raise ValueError(f"subtraction needs a >= b, got {a} - {b}")
+    if op == "*" and b > 9:
+        raise ValueError(f"multiplication is by one digit, got {a} * {b}")
+    if op not in "+-*":
+        raise ValueError(f"unknown operation {op!r}")
+    da, db = str(a)[::-1], str(b)[::-1]
+    lines, carry = [f"{a}{op}{b}"], 0
+    for i in range(len(da) if op == "*" else max(len(da), len(db))):
+        x = int(da[i]) if i < len(da) else 0
+        if op == "*":
+            s = x * b + carry
+            lines.append(f"{x}*{b}" + (f"+{carry}" if carry else "") + f"={s}")
+            carry = s // 10
+        elif op == "+":
+            y = int(db[i]) if i < len(db) else 0
+            s = x + y + carry
+            lines.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={s}")
+            carry = s // 10
+        else:
+            y = int(db[i]) if i < len(db) else 0
+            borrow = int(x < y + carry)
+            s = 10 * borrow + x - y - carry
+            lines.append(f"{10 * borrow + x}-{y}" + (f"-{carry}" if carry else "") + f"={s}")
+            carry = borrow
+    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    lines.append(f"\\boxed{{{answer}}}")
+    return "\n".join(lines)
+
+
+def make_row(a, op, b, rng):
+    """One data row {"problem", "answer", "solution"} for `a op b`, the story drawn from `rng`."""
+    name, pronoun = rng.choice(NAMES)
+    story = rng.choice(STORIES[op])
+    problem = story.format(n=name, p=pronoun, o=rng.choice(THINGS), a=a, b=b)
+    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return {"problem": problem, "answer": str(answer), "solution": worked_solution(a, op, b)}
+
+
+def sample_operands(rng, ops="+-", digits=(2, 3)):
+    """Draw (a, op, b): each number has one of `digits` digits; `*` is by one digit; a >= b for -."""
+    op = rng.choice(ops)
+
+    def num():
+        d = rng.choice(digits)
+        return rng.randint(10 ** (d - 1), 10 ** d - 1)
+    a, b = num(), (rng.randint(2, 9) if op == "*" else num())
+    if op == "-" and a < b:
+        a, b = b, a
+    return a, op, b
+
+
+def generate_rows(n, seed, *, ops="+-", digits=(2, 3), exclude=()):
+    """`n` distinct rows from `seed`, none of whose sums is in `exclude`; return (rows, their keys).
+
+    A key is (a, op, b), with a <= b for the commutative +, so no split holds a swapped copy.
+    """
+    rng = random.Random(seed)
+    seen, rows = set(exclude), []
+    for _ in range(100 * n):
+        if len(rows) == n:
+            break
+        a, op, b = sample_operands(rng, ops, digits)
+        key = (min(a, b), op, max(a, b)) if op == "+" else (a, op, b)  # 34+53 is 53+34
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(make_row(a, op, b, rng))
+    if len(rows) < n:
+        raise ValueError(f"could not draw {n} distinct problems with ops={ops!r} digits={digits}")
+    return rows, seen - set(exclude)
+
+
+def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, ops="+-",
+                    digits=(2, 3)):
+    """Write train.jsonl (RL prompts), test.jsonl (held out) and sft.jsonl (with solutions).
+
+    The three splits share no (a, op, b), so held-out accuracy measures arithmetic, not recall.
+    Returns {split: rows}.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    splits, used = {}, set()
+    for i, (name, n) in enumerate([("test", n_test), ("train", n_train), ("sft", n_sft)]):
+        rows, keys = generate_rows(n, seed * 1000 + i, ops=ops, digits=digits, exclude=used)
+        used |= keys
+        if name != "sft":  # the RL and eval splits carry no worked solution
+            rows = [{"problem": r["problem"], "answer": r["answer"]} for r in rows]
+        with open(os.path.join(out_dir, f"{name}.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        splits[name] = rows
+    return splits
+
+
+def grade(response, answer):
+    """1.0 if the last \\boxed{...} in `response` equals `answer` (both stripped), else 0.0."""
+    found = re.findall(r"\\boxed\{([^{}]*)\}", response)
+    return float(bool(found) and found[-1].strip() == str(answer).strip())
+
+
+# ----------------------------------------------------------------------------------------------
+# Supervised pre-training on worked solutions
+
+def sft_batch(tokenizer, rows, template=DEMO_TEMPLATE):
+    """Token ids of prompt + solution + EOS for `rows`, right-padded to the longest.
+
+    Returns input_ids, attention_mask, loss_mask, each (B, T); loss_mask is 1 on the response
+    tokens (solution and EOS) only, so the model learns to answer, not to write prompts.
+    """
+    seqs, masks = [], []
+    for r in rows:
+        if not r.get("solution"):
+            raise ValueError(f"SFT row has no 'solution': {r.get('problem', r)!r}")
+        prompt = tokenizer(build_prompt(tokenizer, r["problem"], template),
+                           add_special_tokens=False)["input_ids"]
+        response = tokenizer(r["solution"], add_special_tokens=False)["input_ids"]
+        response = response + [tokenizer.eos_token_id]
+        seqs.append(prompt + response)
+        masks.append([0] * len(prompt) + [1] * len(response))
+    T = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), T), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    loss_mask = torch.zeros((len(seqs), T), dtype=torch.float32)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        input_ids[i, :len(s)] = torch.tensor(s)
+        attention_mask[i, :len(s)] = 1
+        loss_mask[i, :len(s)] = torch.tensor(m, dtype=torch.float32)
+    return input_ids, attention_mask, loss_mask
+
+
+def sft_loss(model, input_ids, attention_mask, loss_mask):
+    """Mean next-token cross-entropy over the tokens where loss_mask (B, T) is 1.
+
+    Position t predicts token t+1, so the mask of the targets is loss_mask[:, 1:].
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten(),
+                          reduction="none").view(input_ids.shape[0], -1)  # (B, T-1)
+    target_mask = loss_mask[:, 1:]
+    return (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
+
+
+def pretrain(model_dir, sft_rows, *, steps=600, batch_size=64, lr=3e-3, seed=0,
+             template=DEMO_TEMPLATE, warmup=30, weight_decay=0.01, log_every=50, out_dir=None):
+    """Supervised fine-tuning of the model in `model_dir` on worked solutions; save it back.
+
+    Single process, AdamW, linear warmup then cosine decay to lr/10. Each batch is drawn from rows
+    of similar length (a shuffled pool sorted by length), which keeps padding small. Saves model
+    and tokenizer to `out_dir` (default: `model_dir`); returns the list of (step, loss).
+    """
+    if len(sft_rows) < batch_size:
+        raise ValueError(f"need at least batch_size={batch_size} SFT rows, got {len(sft_rows)}")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+
+    def batches():  # endless: pools of 16 batches, sorted by length, served in random order
+        order = []
+        while True:
+            if len(order) < 16 * batch_size:
+                order += rng.sample(range(len(sft_rows)), len(sft_rows))
+            pool, order = order[:16 * batch_size], order[16 * batch_size:]
+            pool.sort(key=lambda i: len(sft_rows[i]["problem"]) + len(sft_rows[i]["solution"]))
+            chunks = [pool[k:k + batch_size] for k in range(0, len(pool), batch_size)]
+            rng.shuffle(chunks)
+            for c in chunks:
+                yield [sft_rows[i] for i in c]
+
+    history, t0, it = [], time.time(), batches()
+    for step in range(1, steps + 1):
+        frac = step / warmup if step <= warmup else \
+            0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        for g in opt.param_groups:
+            g["lr"] = lr * frac
+        loss = sft_loss(model, *sft_batch(tokenizer, next(it), template))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        history.append((step, loss.item()))
+        if log_every and (step % log_every == 0 or step == 1 or step == steps):
+            print(f"sft step {step}/{steps}  loss {loss.item():.4f}  lr {lr * frac:.2e}  "
+                  f"{time.time() - t0:.0f}s", flush=True)
+    out_dir = out_dir or model_dir
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return history
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring accuracy (transformers' generate; the RL loop measures with vLLM)
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts, *, temperature=1.0, max_new_tokens=96, batch_size=128,
+             seed=0):
+    """Responses (str) to `prompts`: sampled at `temperature`, or greedy when it is 0.
+
+    Left padding, so every prompt ends where generation starts. Sampling is plain softmax at
+    `temperature` (top_k=0, top_p=1), like the RL sampler.
+    """
+    torch.manual_seed(seed)
+    model.eval()
+    tokenizer.padding_side = "left"
+    out = []
+    for k in range(0, len(prompts), batch_size):
+        enc = tokenizer(prompts[k:k + batch_size], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature \
+            else dict(do_sample=False)
+        ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, **kw)
+        out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return out
+
+
+def evaluate(model_dir, rows, *, template=DEMO_TEMPLATE, temperatures=(1.0, 0.0), samples=1,
+             max_new_tokens=96, seed=0):
+    """Accuracy on `rows` at each temperature; returns {temperature: (accuracy, mean resp tokens)}."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompts = [build_prompt(tokenizer, r["problem"], template) for r in rows]
+    result = {}
+    for temp in temperatures:
+        n = samples if temp else 1
+        resp = generate(model, tokenizer, prompts * n, temperature=temp,
+                        max_new_tokens=max_new_tokens, seed=seed)
+        acc = sum(grade(x, r["answer"]) for x, r in zip(resp, rows * n)) / len(resp)
+        length = sum(len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in resp) / len(resp)
+        result[temp] = (acc, length)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="write the demo data, make the tiny model, pre-train it")
+    p.add_argument("--out", default="runs/demo", help="writes OUT/data/*.jsonl and OUT/model/")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--ops", default="+-")
+    p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
+    e = sub.add_parser("eval", help="held-out accuracy of a model directory")
+    e.add_argument("model_dir")
+    e.add_argument("data", help="JSONL with problem and answer")
+    e.add_argument("--n", type=int, default=500)
+    e.add_argument("--samples", type=int, default=1)
+    e.add_argument("--max-new-tokens", type=int, default=96)
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+    if args.cmd == "prepare":
+        t0 = time.time()
+        data_dir, model_dir = os.path.join(args.out, "data"), os.path.join(args.out, "model")
+        write_demo_data(data_dir, seed=args.seed, ops=args.ops)
+        make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
+        sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
+        pretrain(model_dir, sft_rows, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                 seed=args.seed)
+        print(f"pre-training done in {time.time() - t0:.0f}s; model in {model_dir}")
+        args.model_dir, args.data = model_dir, os.path.join(data_dir, "test.jsonl")
+        args.n, args.samples, args.max_new_tokens = args.n_eval, 1, 96
+    rows = load_problems(args.data)[:args.n]
+    t0 = time.time()
+    for temp, (acc, length) in evaluate(args.model_dir, rows, samples=args.samples,
+                                        max_new_tokens=args.max_new_tokens).items():
+        print(f"held-out accuracy at T={temp:g}: {acc:.1%} on {len(rows)} problems "
+              f"(mean response {length:.0f} tokens)")
+    print(f"evaluation took {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""The demo task and its supervised pre-training (demo.py)."""
+import json
+import os
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import demo
+from rollout import build_prompt, load_problems
+
+
+def _numbers(problem):
+    return [int(x) for x in re.findall(r"\d+", problem)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo_data")
+    demo.write_demo_data(str(out), seed=3, n_train=400, n_test=200, n_sft=600, ops="+-*")
+    return {s: load_problems(str(out / f"{s}.jsonl")) for s in ("train", "test", "sft")}
+
+
+def test_generator_is_seeded_and_reproducible(tmp_path):
+    for d, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        demo.write_demo_data(str(tmp_path / d), seed=seed, n_train=50, n_test=20, n_sft=50)
+    read = lambda d, s: (tmp_path / d / f"{s}.jsonl").read_text()
+    for split in ("train", "test", "sft"):
+        assert read("a", split) == read("b", split)
+        assert read("a", split) != read("c", split)
+    rows = [json.loads(line) for line in read("a", "sft").splitlines()]
+    assert len(rows) == 50 and all(set(r) == {"problem", "answer", "solution"} for r in rows)
+    test_rows = [json.loads(line) for line in read("a", "test").splitlines()]
+    assert len(test_rows) == 20 and all(set(r) == {"problem", "answer"} for r in test_rows)
+
+
+def _check_worked_solution(problem, answer, solution):
+    """Check a worked solution independently of demo.worked_solution's own code."""
+    lines = solution.split("\n")
+    head, steps, last = lines[0], lines[1:-1], lines[-1]
+    m = re.fullmatch(r"(\d+)([-+*])(\d+)", head)
+    assert m, head
+    a, op, b = int(m[1]), m[2], int(m[3])
+    assert sorted(_numbers(problem)) == sorted([a, b])  # the equation is the problem's
+    assert eval(head) == int(answer) >= 0
+    assert last == "\\boxed{" + answer + "}"
+    ncols = len(str(a)) if op == "*" else max(len(str(a)), len(str(b)))
+    assert len(steps) == ncols
+    da = [int(c) for c in reversed(str(a))] + [0] * 3
+    db = [int(c) for c in reversed(str(b))] + [0] * 3
+    units, carry = [], 0
+    for i, step in enumerate(steps):
+        expr, value = step.split("=")
+        assert eval(expr) == int(value), step  # each step is right arithmetic
+        terms = [int(t) for t in re.split(r"[-+*]", expr)]
+        if op == "-":  # top digit (plus 10 when borrowing), bottom digit, borrow from the right
+            top = terms[0]
+            assert top % 10 == da[i] and top in (da[i], da[i] + 10) and terms[1] == db[i]
+            assert terms[2:] == ([carry] if carry else [])
+            carry = int(top >= 10)
+            assert 0 <= int(value) <= 9
+        else:
+            assert terms[:2] == ([da[i], b] if op == "*" else [da[i], db[i]])
+            assert terms[2:] == ([carry] if carry else [])
+            carry = int(value) // 10
+        units.append(value if i == len(steps) - 1 else value[-1])
+    # reading the columns back, highest first, gives the answer (leading zeros of a - b dropped)
+    assert str(int("".join(reversed(units)))) == answer
+
+
+def test_worked_solutions_are_right(data):
+    for row in data["sft"]:
+        _check_worked_solution(row["problem"], row["answer"], row["solution"])
+    ops = {re.search(r"[-+*]", r["solution"])[0] for r in data["sft"]}
+    assert ops == {"+", "-", "*"}
+    # hand-checked examples, including borrows across a zero and a carry out of the top column
+    assert demo.worked_solution(347, "+", 258) == "347+258\n7+8=15\n4+5+1=10\n3+2+1=6\n\\boxed{605}"
+    assert demo.worked_solution(503, "-", 78) == "503-78\n13-8=5\n10-7-1=2\n5-0-1=4\n\\boxed{425}"
+    assert demo.worked_solution(95, "*", 7) == "95*7\n5*7=35\n9*7+3=66\n\\boxed{665}"
+    assert demo.worked_solution(40, "-", 34).endswith("\n\\boxed{6}")
+
+
+def test_worked_solution_rejects_bad_input():
+    for args in [(3, "-", 5), (12, "*", 10), (1, "/", 2), (-1, "+", 2), (1.5, "+", 2)]:
+        with pytest.raises(ValueError):
+            demo.worked_solution(*args)
+
+
+def test_splits_do_not_overlap(data):
+    def key(r):  # the arithmetic asked, read from the text: the numbers and the answer
+        return tuple(sorted(_numbers(r["problem"]))), r["answer"]
+    keys = {s: {key(r) for r in rows} for s, rows in data.items()}
+    assert len(keys["test"]) == len(data["test"]) == 200  # no duplicates inside a split either
+    assert not keys["test"] & keys["train"] and not keys["test"] & keys["sft"]
+    assert not keys["train"] & keys["sft"]
+
+
+def test_tokenizer_round_trips_every_character_of_the_task(data, tmp_path):
+    built = demo.make_char_tokenizer()
+    # what train.py, eval.py and vLLM get: transformers 5 reloads a qwen2 tokenizer as Qwen2Tokenizer
+    loaded = AutoTokenizer.from_pretrained(demo.make_tiny_model(str(tmp_path / "m")))
+    texts = [build_prompt(built, r["problem"], demo.DEMO_TEMPLATE) for r in data["test"]]
+    texts += [r["solution"] for r in data["sft"]]
+    texts.append("".join(demo.CHARS))
+    for tok in (built, loaded):
+        for text in texts:
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert len(ids) == len(text)  # one token per character, none dropped
+            assert [tok.decode([i]) for i in ids] == list(text)
+            assert tok.decode(ids) == text
+    ids = built("".join(demo.CHARS), add_special_tokens=False)["input_ids"]
+    assert sorted(ids) == list(range(2, 2 + len(demo.CHARS)))  # distinct, after pad=0 and eos=1
+    assert (built.pad_token_id, built.eos_token_id) == (loaded.pad_token_id, loaded.eos_token_id) == (0, 1)
+
+
+def test_demo_template_asks_for_boxed():
+    assert "\\boxed{}" in demo.DEMO_TEMPLATE and "{problem}" in demo.DEMO_TEMPLATE
+
+
+def test_grade():
+    assert demo.grade("1+2\n\\boxed{3}", "3") == 1.0
+    assert demo.grade("\\boxed{4} no, \\boxed{ 3 }", "3") == 1.0  # the last box counts
+    assert demo.grade("\\boxed{3} no, \\boxed{4}", "3") == 0.0
+    assert demo.grade("3", "3") == 0.0 and demo.grade("\\boxed{30}", "3") == 0.0
+
+
+def test_sft_batch_masks_the_prompt():
+    tok = demo.make_char_tokenizer()
+    rows = [{"problem": "Ann has 2 and finds 3 more.", "answer": "5", "solution": "2+3\n\\boxed{5}"},
+            {"problem": "Bob has 12 coins.", "answer": "12", "solution": "\\boxed{12}"}]
+    ids, attn, mask = demo.sft_batch(tok, rows, demo.DEMO_TEMPLATE)
+    prompts = [r["problem"] + "\nAnswer in \\boxed{}.\n" for r in rows]  # by hand
+    lengths = [len(p) + len(r["solution"]) + 1 for p, r in zip(prompts, rows)]
+    T = max(lengths)
+    assert ids.shape == attn.shape == mask.shape == (2, T)
+    for i, (p, r) in enumerate(zip(prompts, rows)):
+        n = lengths[i]
+        expected = [0.0] * len(p) + [1.0] * (len(r["solution"]) + 1) + [0.0] * (T - n)
+        assert mask[i].tolist() == expected
+        assert attn[i].tolist() == [1] * n + [0] * (T - n)
+        assert tok.decode(ids[i, :len(p)]) == p
+        assert tok.decode(ids[i, len(p):n - 1]) == r["solution"]
+        assert ids[i, n - 1] == tok.eos_token_id and (ids[i, n:] == tok.pad_token_id).all()
+    with pytest.raises(ValueError, match="solution"):
+        demo.sft_batch(tok, [{"problem": "x", "answer": "1"}])
+
+
+def test_sft_loss_matches_masked_cross_entropy(tmp_path):
+    path = demo.make_tiny_model(str(tmp_path / "m"), seed=1)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = demo.make_char_tokenizer()
+    rows = [{"problem": "Ann has 2.", "answer": "5", "solution": "2+3=5\n\\boxed{5}"},
+            {"problem": "Bob has 12 coins and 7 more.", "answer": "19", "solution": "\\boxed{19}"}]
+    batch = demo.sft_batch(tok, rows)
+    loss = demo.sft_loss(model, *batch)
+    # reference: per-row loop over response targets only, no padding involved
+    nll, count = 0.0, 0
+    for r in rows:
+        p = tok(build_prompt(tok, r["problem"], demo.DEMO_TEMPLATE), add_special_tokens=False)["input_ids"]
+        s = tok(r["solution"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        x = torch.tensor([p + s])
+        logits = model(input_ids=x).logits[0]
+        for t in range(len(p), len(p) + len(s)):
+            nll += F.cross_entropy(logits[t - 1], x[0, t]).item()
+            count += 1
+    assert loss.item() == pytest.approx(nll / count, rel=1e-4)
+
+
+def test_short_pretrain_lowers_loss_and_saves_a_loadable_model(tmp_path, data):
+    src = demo.make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1,
+                               intermediate=128, seed=0)
+    before = AutoModelForCausalLM.from_pretrained(src)
+    tok = AutoTokenizer.from_pretrained(src)
+    probe = demo.sft_batch(tok, data["sft"][:32])
+    history = demo.pretrain(src, data["sft"], steps=40, batch_size=16, lr=3e-3, seed=0,
+                            warmup=5, log_every=0, out_dir=str(tmp_path / "sft"))
+    assert len(history) == 40
+    after = AutoModelForCausalLM.from_pretrained(str(tmp_path / "sft"))
+    tok2 = AutoTokenizer.from_pretrained(str(tmp_path / "sft"))
+    assert tok2("A+1", add_special_tokens=False)["input_ids"] == tok("A+1", add_special_tokens=False)["input_ids"]
+    assert tok2.eos_token_id == tok.eos_token_id
+    with torch.no_grad():
+        l0, l1 = demo.sft_loss(before, *probe).item(), demo.sft_loss(after, *probe).item()
+    assert l1 < l0 - 1.0, (l0, l1)
