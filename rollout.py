@@ -1,10 +1,61 @@
 """Rollout: the prompts the policy sees, and sampling them with vLLM (transformers as fallback).
 
-(The engines land with the rollout issue; the prompt and data helpers below are shared by
-train.py and eval.py, so a checkpoint is evaluated exactly the way it was trained.)
+`build_prompt` and `load_problems` are shared by train.py and eval.py, so a checkpoint is
+evaluated exactly the way it was trained. `make_engine(model_dir, backend="vllm" | "hf")` returns
+an engine with `generate(prompts, n, max_tokens, temperature, top_p, seed)` -> one list of n
+`Sample`s per prompt, `update_weights(named_tensors)`, `sleep()` and `wake()`.
+
+How the engine and the trainer share a device. There is no inference server: every training
+process (rank) builds its own engine inside itself (vLLM with VLLM_ENABLE_V1_MULTIPROCESSING=0,
+tensor_parallel_size=1) on its own device and samples its own shard of the prompts, so sampling
+scales with the number of GPUs. Under torchrun vLLM joins the trainer's process group
+("external_launcher") instead of making one, and never talks to other ranks while generating.
+- GPU: vLLM takes `gpu_memory_utilization` of the GPU for its own unsharded copy of the weights
+  and its KV cache; FSDP2 uses the rest. Before the update phase the trainer calls `sleep()`
+  (weights offloaded to CPU RAM, KV cache freed), so training has nearly the whole GPU; `wake()`
+  brings them back and `update_weights` then copies the gathered full tensors into vLLM's weights
+  in place (GPU to GPU, bucket by bucket, no disk, no second process).
+- CPU (here): the same process and RAM. vLLM keeps a plain copy of the weights and a KV cache of
+  VLLM_CPU_KVCACHE_SPACE GiB (default 1); `sleep()`/`wake()` do nothing. Sampling and training
+  take turns on the same cores: `generate` runs with `threads` torch threads (default 1) and puts
+  the trainer's thread count back afterwards. One thread is the default because decoding runs
+  thousands of small ops, each ending in an OpenMP barrier: with two threads on two cores, any
+  other busy process (or the other rank) stalls every barrier, and decoding was measured 6-25x
+  slower than with one thread (a 17.8 M model: 130 vs 1,000 tokens/s on a busy 2-core machine).
+
+Log-probs. `Sample.logprobs` are log-softmax(logits / temperature) of the sampled tokens, the same
+quantity the trainer computes (vLLM's default would be the raw logits at temperature 1: we ask
+for `logprobs_mode="processed_logprobs"`). With top_p < 1 they are of the distribution actually
+sampled from, renormalised over the nucleus, so they exceed the trainer's full-softmax
+log-probs by -log(nucleus mass); with top_p = 1 the two agree. Temperature 0 is greedy, with
+log-probs at temperature 1. EOS (any id in the tokenizer's or generation_config's eos) is kept as
+the last response token, with its log-prob, and gives finish_reason "stop".
+
+Seeding. `generate(seed=s)` is reproducible: prompt i on rank r is sampled from its own stream
+hash(s, r, i) (vLLM's per-request seeds would otherwise give equal prompts equal samples), and
+its n samples use consecutive streams, so they differ. `seed=None` draws a fresh, reproducible
+stream per call from the engine's `seed`.
+
+Environment (read in make_engine; a value you set wins):
+- VLLM_CPU_KVCACHE_SPACE (default 1) GiB of KV cache on CPU. VLLM_LOGGING_LEVEL (default WARNING).
+- VLLM_CPU_OMP_THREADS_BIND: which cores a rank's threads may use. vLLM applies it only to worker
+  processes it spawns, so for the in-process engine we apply it: "auto" (default) splits the cores
+  evenly between the ranks of a node (one process keeps them all, unpinned); "nobind" pins
+  nothing; "0-3|4-7" gives local rank r the r-th list. Two ranks on this 2-core box get a core each.
+Gotchas: in a process without torch.distributed, vLLM initialises it (gloo, world size 1), so a
+trainer must call init_process_group before make_engine; under torchrun every rank must create
+its engine at the same time (vLLM's group creation is collective).
 """
+import contextlib
+import gc
+import hashlib
 import json
 import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 # The instruction of Qwen2.5-Math and most R1-style math RL work.
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -54,3 +105,489 @@ def load_problems(path):
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling engines
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    """One sampled completion.
+
+    `response_ids` ends with the EOS token when `finish_reason == "stop"` (the policy must learn
+    to stop, so EOS is trained like any other token); `logprobs[t]` is the sampler's
+    log pi(response_ids[t] | prompt, response_ids[:t]) under softmax(logits / temperature)
+    (see the module docstring for top_p). `text` is the decoded response without special tokens.
+    """
+    prompt_ids: list
+    response_ids: list
+    text: str
+    logprobs: list
+    finish_reason: str  # "stop" (EOS produced) or "length" (max_tokens or max_model_len hit)
+
+
+BACKENDS = ("vllm", "hf")
+# Set before vLLM is imported, so the defaults below reach it; a value already in the
+# environment wins. In-process mode is not optional: weight sync calls into the live model.
+VLLM_ENV_DEFAULTS = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",          # GiB of KV cache on CPU (vLLM's default is 90% of RAM)
+    "VLLM_CONFIGURE_LOGGING": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",        # vLLM logs ~40 INFO lines per engine start
+}
+# torch.set_num_threads as it was before vLLM replaced it (see VLLMEngine.__init__).
+_TORCH_SET_NUM_THREADS = torch.set_num_threads
+_FIRST_AFFINITY = None  # the CPUs this process could use before make_engine pinned it
+_VLLM_GROUP_ENGINES = 0  # live engines on a torch.distributed group that vLLM made itself
+
+
+def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, seed=0, *,
+                gpu_memory_utilization=0.3, enable_sleep_mode=None, enable_prefix_caching=True,
+                max_num_seqs=256, threads=None, hf_batch_size=64, **vllm_kwargs):
+    """A sampling engine for the model in `model_path` (a transformers-format directory).
+
+    `dtype`: "auto" is bfloat16 on a GPU and float32 on CPU. `max_model_len` bounds prompt plus
+    response. `seed` seeds the engine; `generate(seed=...)` gives per-call reproducibility.
+    `gpu_memory_utilization` is the GPU fraction vLLM takes for weights and KV cache (the trainer
+    gets the rest); `enable_sleep_mode` (default: on for CUDA) lets `sleep()` free it.
+    `enable_prefix_caching` lets the n samples of a prompt share its KV. `max_num_seqs` bounds
+    the sequences decoded together. `threads`: torch threads while sampling on CPU (default 1,
+    see the module docstring). `hf_batch_size`: sequences per transformers `generate` call.
+    Other keyword arguments go to `vllm.LLM`.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown rollout backend {backend!r}; expected one of {BACKENDS}")
+    if not os.path.isdir(model_path):
+        raise FileNotFoundError(f"model directory not found: {model_path}")
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise FileNotFoundError(f"model directory {model_path} has no config.json")
+    if not isinstance(max_model_len, int) or max_model_len < 2:
+        raise ValueError(f"max_model_len must be an int >= 2, got {max_model_len!r}")
+    cuda = torch.cuda.is_available()
+    if dtype == "auto":
+        dtype = torch.bfloat16 if cuda else torch.float32
+    elif isinstance(dtype, str):
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+        dtype = getattr(torch, dtype)
+    rank, local_rank, local_world = _rank_info()
+    device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
+    if not cuda:
+        _bind_cpus(local_rank, local_world)
+    threads = None if cuda else (threads or 1)
+    if backend == "hf":
+        return HFEngine(model_path, dtype, device, max_model_len, seed, rank, threads,
+                        hf_batch_size)
+    if enable_sleep_mode is None:
+        enable_sleep_mode = cuda
+    return VLLMEngine(model_path, dtype, max_model_len, seed, rank, threads, cuda,
+                      dict(gpu_memory_utilization=gpu_memory_utilization,
+                           enable_sleep_mode=enable_sleep_mode,
+                           enable_prefix_caching=enable_prefix_caching,
+                           max_num_seqs=max_num_seqs, **vllm_kwargs))
+
+
+def _rank_info():
+    """(rank, local_rank, local_world_size) from torch.distributed / torchrun's env, else 0, 0, 1."""
+    rank = int(os.environ.get("RANK", 0))
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+    return rank, int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def _parse_cpus(spec):
+    """'0-3,6' -> [0, 1, 2, 3, 6]."""
+    cpus = []
+    for part in spec.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _bind_cpus(local_rank, local_world):
+    """Pin this process to its share of the CPUs; return that list.
+
+    Follows vLLM's VLLM_CPU_OMP_THREADS_BIND, which vLLM itself only applies to the worker
+    processes it spawns, never to an in-process engine: "auto" (default) splits the CPUs evenly
+    between the local ranks (a single process keeps them all, unpinned); "nobind" pins nothing;
+    "0-3|4-7" gives local rank r the r-th list. Pinning keeps a rank's threads (the trainer's too)
+    off the other ranks' cores. Every thread of the process is pinned, including a running
+    OpenMP pool; threads started later inherit it.
+    """
+    global _FIRST_AFFINITY
+    if _FIRST_AFFINITY is None:
+        _FIRST_AFFINITY = sorted(os.sched_getaffinity(0))
+    allowed = _FIRST_AFFINITY
+    spec = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if spec == "nobind" or (spec == "auto" and local_world == 1):
+        return allowed
+    if spec == "auto":
+        per = max(1, len(allowed) // local_world)
+        cpus = allowed[local_rank * per:(local_rank + 1) * per] or [allowed[local_rank % len(allowed)]]
+    else:
+        lists = spec.split("|")
+        if local_rank >= len(lists):
+            raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND={spec!r} has no CPU list for local rank "
+                             f"{local_rank} (lists are separated by '|')")
+        cpus = _parse_cpus(lists[local_rank])
+    for tid in os.listdir("/proc/self/task"):  # every thread, including a started OpenMP pool
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass  # the thread exited meanwhile
+    return cpus
+
+
+def _request_seed(seed, rank, index):
+    """A 31-bit seed for prompt `index` of a call seeded `seed` on `rank`.
+
+    vLLM seeds sample j of a request with `seed + j`, so equal prompts given equal seeds would
+    get equal samples: hashing (seed, rank, index) gives every prompt of every rank its own stream.
+    """
+    digest = hashlib.blake2b(f"{seed},{rank},{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 2**16)
+
+
+def _check_generate_args(prompts, n, max_tokens, temperature, top_p):
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a list of strings or of token-id lists, got "
+                        f"{type(prompts).__name__}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0 and n > 1:
+        raise ValueError("temperature 0 (greedy) gives n identical samples; use n=1")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _tokenize_prompts(tokenizer, prompts, max_model_len):
+    """Token ids of each prompt (strings are tokenized as vLLM would); clear errors on bad ones."""
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            ids = tokenizer(p, add_special_tokens=True)["input_ids"]
+        elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
+            ids = list(p)
+        else:
+            raise TypeError(f"prompt {i} is neither a string nor a list of token ids: {p!r:.80}")
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if len(ids) >= max_model_len:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens, which leaves no room to generate "
+                             f"within max_model_len={max_model_len}")
+        out.append(ids)
+    return out
+
+
+def _stop_ids(model_path, tokenizer):
+    """Every token id that ends a response: the tokenizer's EOS plus generation_config's."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    path = os.path.join(model_path, "generation_config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            eos = json.load(f).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else (eos or []))
+    return ids
+
+
+def _hf_names(named_tensors, skip_lm_head):
+    """Yield (transformers name, full tensor); strips wrapper prefixes, drops a tied lm_head."""
+    for name, t in named_tensors:
+        for prefix in ("_orig_mod.", "module."):  # torch.compile / DDP wrappers
+            name = name.replace(prefix, "")
+        if skip_lm_head and name == "lm_head.weight":
+            continue
+        if hasattr(t, "full_tensor"):  # a DTensor shard from FSDP2: gather it
+            t = t.full_tensor()
+        yield name, t.detach()
+
+
+class VLLMEngine:
+    """vLLM's LLM in this process (continuous batching, paged KV cache), with in-place weight sync."""
+
+    def __init__(self, model_path, dtype, max_model_len, seed, rank, threads, cuda, llm_kwargs):
+        for k, v in VLLM_ENV_DEFAULTS.items():
+            os.environ.setdefault(k, v)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine must live in this process
+        import vllm
+        if not cuda:
+            _keep_plain_cpu_weights()
+        _keep_process_group_on_shutdown()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # One independent engine per rank inside the trainer's process group: vLLM reuses the
+            # group ("external data parallel" of engines with tensor_parallel_size=1) instead of
+            # starting its own, takes the device from LOCAL_RANK, and never syncs ranks while
+            # generating. All ranks must create their engines together (group creation is
+            # collective).
+            llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+        # Log-probs of the distribution actually sampled from (after temperature and top_p);
+        # vLLM's default, "raw_logprobs", would be of softmax(logits) at temperature 1.
+        llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+        # CUDA graphs pay off on a GPU; on CPU torch.compile took 20+ s at start (see bench/).
+        llm_kwargs.setdefault("enforce_eager", not cuda)
+        saved = {k: os.environ.get(k) for k in _TORCHRUN_ENV}
+        had_group = dist.is_available() and dist.is_initialized()
+        self.threads, self.rank, self.seed, self.calls = threads, rank, seed, 0
+        with _torch_threads(threads):
+            self.llm = vllm.LLM(model=model_path, dtype=dtype, max_model_len=max_model_len,
+                                seed=seed, **llm_kwargs)
+        # vLLM's CPU worker replaces torch.set_num_threads by a no-op that only logs a warning
+        # (it assumes a worker process whose threads it pinned); in the trainer's process that
+        # would silently freeze the thread count, so the real function goes back.
+        torch.set_num_threads = _TORCH_SET_NUM_THREADS
+        global _VLLM_GROUP_ENGINES
+        if not had_group or _VLLM_GROUP_ENGINES > 0:
+            _VLLM_GROUP_ENGINES += 1
+        for k, v in saved.items():  # vLLM sets LOCAL_WORLD_SIZE to its own TP size (1)
+            if v is not None:
+                os.environ[k] = v
+        self.cuda, self.max_model_len = cuda, max_model_len
+        self.sleep_mode = llm_kwargs["enable_sleep_mode"]
+        self.tokenizer = self.llm.get_tokenizer()
+        self.stop_ids = _stop_ids(model_path, self.tokenizer)
+        self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config,
+                                 "tie_word_embeddings", False))
+
+    def generate(self, prompts, n=1, max_tokens=256, temperature=1.0, top_p=1.0, seed=None):
+        """Sample n completions per prompt; returns one list of n Samples per prompt, in order."""
+        from vllm import SamplingParams
+        _check_generate_args(prompts, n, max_tokens, temperature, top_p)
+        ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
+        if not ids:
+            return []
+        if seed is None:  # a fresh, reproducible stream per call
+            seed, self.calls = _request_seed(self.seed, -1, self.calls), self.calls + 1
+        params = [SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, seed=_request_seed(seed, self.rank, i),
+            max_tokens=min(max_tokens, self.max_model_len - len(p)),
+            # logprobs=0: the sampled token's only (processed: see logprobs_mode above); flat:
+            # one list per sample, not a dict per token; texts are decoded below in one batch.
+            logprobs=0, flat_logprobs=True, detokenize=False) for i, p in enumerate(ids)]
+        with _torch_threads(self.threads):
+            outs = self.llm.generate([{"prompt_token_ids": p} for p in ids], params,
+                                     use_tqdm=False)
+        result = []
+        for p, out in zip(ids, outs):
+            group = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                resp = list(c.token_ids)
+                lps = _flat_logprobs(c.logprobs, resp)
+                stopped = c.finish_reason == "stop" or (resp and resp[-1] in self.stop_ids)
+                group.append(Sample(p, resp, "", lps, "stop" if stopped else "length"))
+            result.append(group)
+        _decode_texts(self.tokenizer, result)
+        return result
+
+    def update_weights(self, named_tensors):
+        """Copy (transformers name, tensor) pairs into the live model; the next generate uses them.
+
+        Accepts a generator (buckets are fine) of full tensors; `lm_head.weight` is skipped when
+        the embeddings are tied. The prefix cache is reset, since its KV was computed by the old
+        weights.
+        """
+        weights = _hf_names(named_tensors, self.tied)
+        self.llm.collective_rpc(_load_weights_into_worker, args=(weights,))
+        self.llm.reset_prefix_cache()
+
+    def sleep(self):
+        """Free the engine's GPU memory (weights offloaded to CPU, KV cache dropped); no-op on CPU."""
+        if self.cuda:
+            if not self.sleep_mode:
+                raise RuntimeError("sleep() needs make_engine(..., enable_sleep_mode=True)")
+            self.llm.sleep(level=1)
+
+    def wake(self):
+        """Restore what sleep() freed (call before update_weights); no-op on CPU."""
+        if self.cuda and self.sleep_mode:
+            self.llm.wake_up()
+
+    def close(self):
+        """Free the engine now rather than at garbage collection (tests, eval between models)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
+
+
+def _load_weights_into_worker(worker, weights):
+    """Runs in the worker (this process): vLLM's own loader maps q/k/v etc. to its fused layers."""
+    worker.model_runner.model.load_weights(weights)
+
+
+def _flat_logprobs(logprobs, token_ids):
+    """The sampled tokens' log-probs from vLLM's per-position output, (T,) floats."""
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: index each position's first entry
+        lps = [logprobs.logprobs[s] for s in logprobs.start_indices]
+        tok = [logprobs.token_ids[s] for s in logprobs.start_indices]
+        if tok != token_ids:
+            raise RuntimeError("vLLM's log-probs are not those of the sampled tokens")
+        return lps
+    return [pos[t].logprob for pos, t in zip(logprobs, token_ids)]
+
+
+def _decode_texts(tokenizer, groups):
+    """Fill each Sample's text with its decoded response (special tokens skipped), in one batch."""
+    flat = [s for g in groups for s in g]
+    texts = tokenizer.batch_decode([s.response_ids for s in flat], skip_special_tokens=True)
+    for s, t in zip(flat, texts):
+        s.text = t
+
+
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
+
+
+@contextlib.contextmanager
+def _torch_threads(n):
+    """torch uses n intra-op threads inside (None: unchanged), the caller's count after."""
+    old = torch.get_num_threads()
+    if n and n != old:
+        _TORCH_SET_NUM_THREADS(n)
+    try:
+        yield
+    finally:
+        if n and n != old:
+            _TORCH_SET_NUM_THREADS(old)
+
+
+def _keep_process_group_on_shutdown():
+    """Stop a dying engine from destroying torch.distributed's default process group.
+
+    In-process, vLLM's engine shutdown (close(), garbage collection or exit) tears down "its"
+    distributed state, which under torchrun is the trainer's group: training then fails, or
+    the exit errors with "Invalid process group specified" if the trainer destroyed it first.
+    So the teardown only runs when vLLM created the group itself (a process without one), once
+    the last engine using that group closes.
+    """
+    from vllm.distributed import parallel_state
+    from vllm.v1.engine import core
+    original = parallel_state.cleanup_dist_env_and_memory
+
+    def cleanup(shutdown_ray=False):
+        global _VLLM_GROUP_ENGINES
+        if _VLLM_GROUP_ENGINES > 0:  # vLLM made the group: the last engine using it tidies up
+            _VLLM_GROUP_ENGINES -= 1
+            if _VLLM_GROUP_ENGINES == 0:
+                return original(shutdown_ray)
+        gc.unfreeze()  # the part worth keeping: vLLM gc.freeze()s at engine start
+        gc.collect()
+
+    core.cleanup_dist_env_and_memory = cleanup
+
+
+def _keep_plain_cpu_weights():
+    """Make vLLM's CPU linear layers (and the LM head) compute with their plain weight tensor.
+
+    After loading, vLLM on CPU repacks each linear weight into a oneDNN handle and frees or
+    ignores the tensor, so later loads ("parameter of size 0") or in-place copies leave the layers
+    computing with the start-up weights (log-probs off by 10+ nats). With this patch every layer
+    calls F.linear on its live `weight`, so `load_weights` takes effect at once; it costs ~5% of
+    decode speed. Installed before the engine is built; affects every vLLM engine on CPU.
+    """
+    from vllm.model_executor.layers import linear, vocab_parallel_embedding
+
+    def plain(self, layer):
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+
+    linear.UnquantizedLinearMethod.process_weights_after_loading = plain
+    vocab_parallel_embedding.UnquantizedEmbeddingMethod.process_weights_after_loading = plain
+    # The rank of each sampled token (which we never read) is counted by a torch.compile'd
+    # function: its inductor compile made the first generate take 4+ s on CPU. Eager is instant.
+    from vllm.v1.sample import sampler
+    sampler.batched_count_greater_than = lambda x, values: (x >= values).sum(-1)
+
+
+class HFEngine:
+    """transformers' `generate` with left padding: same interface, no vLLM needed (slower)."""
+
+    def __init__(self, model_path, dtype, device, max_model_len, seed, rank, threads, batch_size):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.device, self.max_model_len, self.batch_size = device, max_model_len, batch_size
+        self.seed, self.rank, self.threads, self.calls = seed, rank, threads, 0
+        self.stop_ids = _stop_ids(model_path, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.stop_ids)
+        self.tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        # named_parameters() lists a tied lm_head once, under the embedding's name.
+        self.params = dict(self.model.named_parameters())
+
+    @torch.no_grad()
+    def generate(self, prompts, n=1, max_tokens=256, temperature=1.0, top_p=1.0, seed=None):
+        """Sample n completions per prompt; returns one list of n Samples per prompt, in order."""
+        _check_generate_args(prompts, n, max_tokens, temperature, top_p)
+        ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
+        if not ids:
+            return []
+        if seed is None:
+            seed, self.calls = _request_seed(self.seed, -1, self.calls), self.calls + 1
+        rows = [p for p in ids for _ in range(n)]  # the n samples of a prompt are adjacent rows
+        samples = []
+        devices = [self.device] if self.device.type == "cuda" else []
+        # fork_rng: the sampler's seed must not reset the trainer's random stream.
+        with torch.random.fork_rng(devices=devices), _torch_threads(self.threads):
+            torch.manual_seed(_request_seed(seed, self.rank, 0))
+            for i in range(0, len(rows), self.batch_size):
+                samples += self._generate_batch(rows[i:i + self.batch_size], max_tokens,
+                                                temperature, top_p)
+        groups = [samples[i * n:(i + 1) * n] for i in range(len(ids))]
+        _decode_texts(self.tokenizer, groups)
+        return groups
+
+    def _generate_batch(self, rows, max_tokens, temperature, top_p):
+        """Sample one response per row of `rows` (B prompts of token ids) in one padded batch."""
+        from transformers import GenerationConfig
+        B, L = len(rows), max(len(p) for p in rows)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for b, p in enumerate(rows):  # left padding: every prompt ends at column L-1
+            input_ids[b, L - len(p):] = torch.tensor(p)
+            mask[b, L - len(p):] = 1
+        limits = [min(max_tokens, self.max_model_len - len(p)) for p in rows]
+        config = GenerationConfig(
+            do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
+            top_p=top_p, top_k=0,  # top_k=0: transformers would otherwise default to 50
+            max_new_tokens=max(limits), eos_token_id=sorted(self.stop_ids),
+            pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True)
+        out = self.model.generate(input_ids=input_ids.to(self.device),
+                                  attention_mask=mask.to(self.device), generation_config=config)
+        new = out.sequences[:, L:]  # (B, T) generated tokens, pad after a row's EOS
+        # scores[t] (B, V) are the processed logits (after temperature and top_p), as vLLM's
+        # processed log-probs: log_softmax of them is the sampling distribution.
+        lps = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t:t + 1]).squeeze(-1)
+                           for t, s in enumerate(out.scores)], 1)  # (B, T)
+        samples = []
+        for b, p in enumerate(rows):
+            toks, lp = new[b, :limits[b]].tolist(), lps[b, :limits[b]].tolist()
+            end = next((t + 1 for t, tok in enumerate(toks) if tok in self.stop_ids), None)
+            reason = "length" if end is None else "stop"
+            end = end or len(toks)
+            samples.append(Sample(p, toks[:end], "", lp[:end], reason))
+        return samples
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors):
+        """Copy (transformers name, tensor) pairs into the model in place."""
+        for name, t in _hf_names(named_tensors, self.tied):
+            p = self.params.get(name)
+            if p is None:
+                raise KeyError(f"update_weights: {name!r} is not a parameter of the model")
+            if p.shape != t.shape:
+                raise ValueError(f"update_weights: {name!r} has shape {tuple(t.shape)}, "
+                                 f"the model's is {tuple(p.shape)}")
+            p.copy_(t)
+
+    def sleep(self):
+        """No-op: the transformers model stays where it is."""
+
+    def wake(self):
+        """No-op (see sleep)."""
+
+    def close(self):
+        """Drop the model (the same method as the vLLM engine's)."""
+        del self.model, self.params
+        gc.collect()
