@@ -1,0 +1,1093 @@
+"""reward.py: a rule-based math answer grader that is right, fast, and never hangs.
+
+    extract_answer(text)        -> the final answer of a response or reference solution, or None
+    verify(gold, pred)          -> True when the two denote the same mathematical answer
+    math_reward(response, gold) -> 1.0 / 0.0 (configurable) for RL
+
+How `verify` decides, cheapest first (most pairs never get past step 2):
+  1. final answer: a whole solution text is reduced to its final answer (extract_answer);
+  2. clean: LaTeX noise, units, `\\text{}`, `$`, thousands separators, `%` and degree marks are
+     removed, giving a canonical string; equal strings are equal answers;
+  3. structure: tuples and intervals (ordered, brackets must match), sets and bare lists (unordered),
+     unions, matrices, `\\pm`, equations (`x = 2` vs `2`), inequalities (as intervals), letters;
+  4. value: each scalar is parsed by a small LaTeX/plain-text parser into a tree and evaluated:
+     exactly (Fractions) when it is rational, at 3 seeded rational points for its free symbols, and
+     in complex floats otherwise. Equal floats are then confirmed at 50 digits with mpmath (sympy's
+     numeric engine, installed with sympy), so 2^{60}+x and 2^{60}+1+x do not meet at float precision.
+     This is identity testing: it never calls sympy.simplify, whose run time has no bound.
+
+Never hangs: every input is length-capped; the parser caps tokens and nesting; exact integer powers
+and factorials are only computed below a size bound (else floats, whose overflow is an answer of
+"undecidable", i.e. not equal); and the slow path runs under a deadline implemented with
+sys.setprofile, which, unlike signal.alarm, works in any thread (trainer thread pools, vLLM or
+torchrun workers). A C call that the hook cannot interrupt is prevented by the size bounds.
+"""
+import cmath
+import functools
+import math
+import re
+import sys
+import time
+import zlib
+from fractions import Fraction
+
+__all__ = ["extract_answer", "verify", "math_reward"]
+
+MAX_TEXT = 200_000    # characters of a response looked at (the tail: answers come last)
+MAX_ANSWER = 2_000    # an extracted answer longer than this is compared as a plain string only
+MAX_EXPR = 600        # a single scalar longer than this is compared as a plain string only
+EXACT_BITS = 20_000   # exact rationals larger than this switch to floating point
+TIME_BUDGET = 1.0     # seconds for the slow path of one verify call
+
+
+# ----------------------------------------------------------------------------- extraction
+_BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
+_ANSWER_IS = re.compile(r"(?i)\banswer\b[*\s]*(?:is\b|:)[\s:*]*")
+_JOIN_GAP = re.compile(r"[\s,;$]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?")
+
+
+def _brace_map(s):
+    """Position of each '{' -> its matching '}', in one linear pass (unmatched ones are absent)."""
+    stack, match = [], {}
+    for m in re.finditer(r"[{}]", s):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            match[stack.pop()] = m.start()
+    return match
+
+
+def _last_boxed(s):
+    """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with boxes that
+    directly precede it (only commas, 'and', `$` between) joined by ', '; None if there is none."""
+    boxes, match = [], None
+    for m in _BOXED.finditer(s):
+        j = m.end()
+        if j < len(s) and s[j] == "{":
+            match = _brace_map(s) if match is None else match
+            if j not in match:
+                continue  # unbalanced, e.g. truncated output
+            boxes.append((m.start(), match[j] + 1, s[j + 1:match[j]]))
+        else:
+            tok = re.match(r"[^\s$]+", s[j:j + 200])
+            if tok:
+                boxes.append((m.start(), j + tok.end(), tok.group()))
+    boxes = [b for b in boxes if b[2].strip()]
+    if not boxes:
+        return None
+    parts, start = [boxes[-1][2]], boxes[-1][0]
+    for b0, b1, content in reversed(boxes[-20:-1]):
+        if b1 > start or not _JOIN_GAP.fullmatch(s[b1:start]):
+            break
+        parts.append(content)
+        start = b0
+    return ", ".join(p.strip() for p in reversed(parts))
+
+
+def _math_spans(s):
+    """Contents of the complete `$...$` / `$$...$$` spans of s, in order (linear time)."""
+    parts = s.replace("\\$", "").replace("$$", "$").split("$")
+    return parts[1:len(parts) - (len(parts) % 2 == 0):2]
+
+
+def _last_math(s):
+    """Content of the last non-empty `$...$`, `\\(...\\)` or `\\[...\\]` span, or None."""
+    best, best_end = None, -1
+    spans = [x for x in _math_spans(s) if x.strip()]
+    if spans:
+        best, best_end = spans[-1], s.rfind("$")
+    for a, b in (("\\(", "\\)"), ("\\[", "\\]")):
+        j = s.rfind(b)
+        i = s.rfind(a, 0, j) if j > 0 else -1
+        if i >= 0 and j > best_end and s[i + 2:j].strip():
+            best, best_end = s[i + 2:j], j
+    return best.strip() if best is not None else None
+
+
+def _answer_is(s):
+    """The value after the last 'answer is' / 'answer:' (a math span or the rest of the sentence)."""
+    m = None
+    for m in _ANSWER_IS.finditer(s):
+        pass
+    if m is None:
+        return None
+    rest = s[m.end():m.end() + 1000].lstrip()
+    for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if rest.startswith(a):
+            j = rest.find(b, len(a))
+            if j > len(a):
+                return rest[len(a):j].strip()
+    line = re.split(r"\n|\.(?:\s|$)", rest, maxsplit=1)[0]
+    line = line.strip(" *.")
+    return line or None
+
+
+def _extract(s):
+    for rule in (_last_boxed, _answer_is, _hashes, _last_math):
+        ans = rule(s)
+        if ans is not None and ans.strip():
+            return ans.strip()
+    return None
+
+
+def _hashes(s):
+    i = s.rfind("####")
+    return s[i + 4:].split("\n", 1)[0].strip() or None if i >= 0 else None
+
+
+def extract_answer(text):
+    """The final answer in `text`, or None if it has none.
+
+    In order: the last \\boxed{...}/\\fbox{...} with balanced braces (also `\\boxed 5`; boxes in a
+    row such as `\\boxed{2}, \\boxed{3}` are joined), else the value after the last "(final) answer
+    is" / "answer:", else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\), \\[...\\]) span.
+    With a `<think>` block, the text after `</think>` is searched first, then the whole text.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"extract_answer expects a str, got {type(text).__name__}")
+    text = text[-MAX_TEXT:]
+    if "</think>" in text:
+        ans = _extract(text.rsplit("</think>", 1)[1])
+        if ans is not None:
+            return ans
+    return _extract(text)
+
+
+_MARKERS = re.compile(r"(?i)\\boxed|\\fbox|answer|####|</think>")
+_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})")
+
+
+def _final_answer(s):
+    """What verify compares: the extracted answer of a solution text, or s itself if s is bare."""
+    if _MARKERS.search(s):
+        ans = extract_answer(s)
+        if ans is not None:
+            return ans
+    if "$" in s or "\\(" in s or "\\[" in s:
+        outside = "".join(s.replace("$$", "$").split("$")[0::2])
+        if _PROSE.search(outside):  # prose with math in it: the last math span
+            return _last_math(s) or s
+    return s
+
+
+# ----------------------------------------------------------------------------- cleaning
+_TEXT_CMDS = r"text|textbf|textit|textrm|textnormal|textup|texttt|mathrm|mathbf|mathit|mathsf|" \
+             r"mathtt|mbox|operatorname|boldsymbol|bm|hbox"
+_TEXT = re.compile(r"\\(" + _TEXT_CMDS + r")\s*\{")
+_UNITISH = re.compile(r"[\s~]*[a-zA-Z]+(?:\s*[/^.*]?\s*[a-zA-Z0-9{}]+)*[\s~.]*")
+_MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "sqrt", "pi", "and",
+               "or", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "mod", "in", "infty"}
+_UNIT_TAIL = re.compile(r"(?<![\\a-zA-Z])([a-zA-Z]{2,})\.?(?:\s*\^\s*\{?\d\}?)?\s*$")
+_UNITS_BEFORE_RE = re.compile(r"(?:square|sq\.?|cubic)\s*$")
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_SIMPLE_LHS = re.compile(r"(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?(?:\([a-zA-Z0-9, ]*\))?")
+
+
+def _unwrap_text(s):
+    """Replace \\text{..}-like groups by their content; drop them when they are a unit after a
+    value (`5\\text{ cm}^2`, `3\\mathrm{~m/s}`); turn `\\text{ and }`/`or` into commas."""
+    for _ in range(50):
+        m = _TEXT.search(s)
+        if not m:
+            return s
+        end = _brace_map(s[m.end() - 1:]).get(0)
+        if end is None:
+            return s[:m.start()] + s[m.end():]
+        end += m.end() - 1
+        content, before = s[m.end():end], s[:m.start()].rstrip()
+        if re.fullmatch(r"\s*(?:and|or)\s*", content):
+            content = ","
+        elif (m.group(1) in ("text", "mbox", "mathrm", "textrm", "textnormal", "hbox")
+              and before and (before[-1].isalnum() or before[-1] in "}).") and _UNITISH.fullmatch(content)
+              and re.match(r"(?:\s*\^\s*\{?\d\}?)?\s*(?:$|[,;)\]]|\\\}|\\text)", s[end + 1:])):
+            content = ""  # a unit after a value, at the end of the answer or of a tuple entry
+            tail = re.match(r"\s*\^\s*\{?\d\}?", s[end + 1:])
+            end += tail.end() if tail else 0
+        s = s[:m.start()] + " " + content + " " + s[end + 1:]
+    return s
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _clean(s):
+    """Canonical form of an answer string: (cleaned text, percent?, degrees?)."""
+    s = re.sub(r"\s+", " ", s.replace("$", " ")).strip()  # one space: no regex below sees a long run
+    s = s.replace("−", "-").replace("×", "\\times ").replace("·", "\\cdot ")
+    s = s.replace("π", "\\pi ").replace("∞", "\\infty ").replace("√", "\\sqrt").replace("≤", "\\le ")
+    s = s.replace("≥", "\\ge ").replace("\\$", " ")
+    s = re.sub(r"(?<=\d)\{,\}(?=\d{3}(?!\d))", "", s).replace("{,}", ".")  # 1{,}000 and 3{,}5
+    s = re.sub(r"(?<!\\)\\[()\[\]]", " ", s)
+    s = re.sub(r"(?<=\d),\\!\s*(?=\d{3}(?!\d))", "", s)  # 10,\!080
+    s = re.sub(r"\\(?:left|right|[bB]igg?[lr]?)(?![a-zA-Z])(?:\s*\.)?", "", s)
+    s = re.sub(r"(?<!\\)\\[,:;!> ]", " ", s)
+    s = re.sub(r"\\q?quad(?![a-zA-Z])", ",", s)
+    s = re.sub(r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|mathstrut)(?![a-zA-Z])", "", s)
+    s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
+    s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
+    s = re.sub(r"\\(?:leqslant|leq|le)(?![a-zA-Z])|<=", r" \\le ", s)
+    s = re.sub(r"\\(?:geqslant|geq|ge)(?![a-zA-Z])|>=", r" \\ge ", s)
+    s = re.sub(r"\\(?:neq|ne)(?![a-zA-Z])|!=", r" \\ne ", s)
+    s = re.sub(r"\\(?:varnothing|empty)(?![a-zA-Z])|\\\{\s*\\\}", r"\\emptyset", s)
+    s = re.sub(r"\\langle(?![a-zA-Z])", "(", s)
+    s = re.sub(r"\\rangle(?![a-zA-Z])", ")", s)
+    s = re.sub(r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime(?![a-zA-Z])", "'", s)
+    s = re.sub(r"\b(?:np|math|sp|sympy)\.", "", s)
+    s = _unwrap_text(s)
+    s, deg = re.subn(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°|"
+                     r"\\degree(?![a-zA-Z])|\bdegrees?\s*$", " ", s)
+    s, pct = re.subn(r"\\?%|\bpercent\s*$", " ", s)
+    s = re.sub(r"\s+(?:and|or)\s+", ",", s)
+    s = re.sub(r"\s+", " ", s).strip(" ,;:").rstrip(".")
+    for _ in range(4):  # trailing unit words: `18 dollars`, `864 inches^2`, `5.4 cents`
+        m = _UNIT_TAIL.search(s)
+        if not m or m.group(1).lower() in _MATH_WORDS:
+            break
+        before = _UNITS_BEFORE_RE.sub("", s[:m.start()]).rstrip()
+        if not before or before[-1] not in "0123456789})]" or not re.search(r"\d", before):
+            break
+        s = before.rstrip(" ,;:")
+    s = re.sub(r"\binfinity\b|\\infinity|\+\s*\\infty", r"\\infty", s)
+    if _THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    s = re.sub(r",\s*,", ",", s).strip(" ,;:").rstrip(". ")
+    return s, pct > 0, deg > 0
+
+
+def _key(s):
+    """The spaces-free string that is compared first."""
+    s = re.sub(r"\s+", "", s)
+    s = re.sub(r"([_^])([0-9a-zA-Z])", r"\1{\2}", s)
+    return re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+
+
+# ----------------------------------------------------------------------------- structure
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _split_top(s, sep=","):
+    """Split s at `sep` outside any bracket (brackets need not match in kind: `[0,1)`)."""
+    out, depth, cur = [], 0, 0
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif depth == 0 and s.startswith(sep, i):
+            out.append(s[cur:i])
+            cur = i + len(sep)
+            i = cur
+            continue
+        i += 1
+    out.append(s[cur:])
+    return [x.strip() for x in out]
+
+
+def _enclosed(s):
+    """True if s[0] is a bracket whose partner is the last character of s."""
+    depth = 0
+    for i, c in enumerate(s):
+        depth += (c in _OPEN) - (c in _CLOSE)
+        if depth == 0:
+            return i == len(s) - 1
+    return False
+
+
+_INEQ = re.compile(r"(\\le|\\ge|<|>)")
+_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.S)
+
+
+def _interval(s):
+    """`a < x \\le b`, `x > a`, ... as an interval structure, else None."""
+    parts = _INEQ.split(s)
+    if len(parts) not in (3, 5) or not all(p.strip() for p in parts[0::2]):
+        return None
+    ops = parts[1::2]
+    if len(ops) == 2:  # a op x op b
+        if not _SIMPLE_LHS.fullmatch(parts[2].strip()) or ops[0][-2:] != ops[1][-2:] and \
+                {ops[0][-1], ops[1][-1]} != {"<", "e"} and {ops[0], ops[1]} - {"<", "\\le"}:
+            return None
+        lo, hi, o1, o2 = parts[0], parts[4], ops[0], ops[1]
+        if o1 in (">", "\\ge"):
+            lo, hi, o1, o2 = hi, lo, o2, o1
+            o1, o2 = {">": "<", "\\ge": "\\le"}[o1], {">": "<", "\\ge": "\\le"}[o2]
+        if o1 not in ("<", "\\le") or o2 not in ("<", "\\le"):
+            return None
+        return ("seq", ("[" if o1 == "\\le" else "(") + ("]" if o2 == "\\le" else ")"),
+                (("expr", lo.strip()), ("expr", hi.strip())))
+    a, op, b = parts[0].strip(), ops[0], parts[2].strip()
+    if not _SIMPLE_LHS.fullmatch(a):
+        if not _SIMPLE_LHS.fullmatch(b):
+            return None
+        a, b, op = b, a, {"<": ">", ">": "<", "\\le": "\\ge", "\\ge": "\\le"}[op]
+    closed = op in ("\\le", "\\ge")
+    if op in (">", "\\ge"):
+        return ("seq", ("[" if closed else "(") + ")", (("expr", b), ("expr", "\\infty")))
+    return ("seq", "(" + ("]" if closed else ")"), (("expr", "-\\infty"), ("expr", b)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _structure(s):
+    """A cleaned answer as nested tuples: ('expr', str), ('list'|'set'|'union', items),
+    ('seq', brackets, items) for tuples/intervals, ('mat', rows)."""
+    s = s.strip()
+    m = _MATRIX.fullmatch(s)
+    if m:
+        rows = [r for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
+        return ("mat", tuple(tuple(_structure(c) for c in r.split("&")) for r in rows))
+    m = re.match(r"(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*(?:\\in|=|:)\s*(?=[(\[{\\])", s)
+    if m and _enclosed(s[m.end():].replace("\\{", "{").replace("\\}", "}")):
+        s = s[m.end():]  # x \in [2, 5],  S = \{1, 2\}
+    union = _split_top(s, "\\cup")
+    if len(union) > 1:
+        return ("union", tuple(_structure(u) for u in union))
+    items = _split_top(s)
+    if len(items) > 1:
+        return ("list", _flat(items))
+    if s.startswith("\\{") and s.endswith("\\}") and _enclosed(s[1:-2] + "}"):
+        return ("set", _flat(_split_top(s[2:-2])))
+    if len(s) > 1 and s[0] in "([" and s[-1] in ")]" and _enclosed(s):
+        inner = _split_top(s[1:-1])
+        if len(inner) == 1:
+            return _structure(inner[0])
+        return ("seq", s[0] + s[-1], tuple(_structure(x) for x in inner))
+    pm = re.search(r"\\(?:pm|mp)(?![a-zA-Z])", s)
+    if pm and s.count("\\pm") + s.count("\\mp") == 1:
+        a, b = s[:pm.start()], s[pm.end():]
+        return ("list", (("expr", f"{a}+{b}"), ("expr", f"{a}-{b}")))
+    return _interval(s) or ("expr", s)
+
+
+def _flat(items):
+    """Structures of list items, with `a \\pm b` items spliced in as two."""
+    out = []
+    for x in items:
+        st = _structure(x) if x else None
+        out.extend(st[1] if st and st[0] == "list" else [st] if st else [])
+    return tuple(out)
+
+
+def _match_unordered(gs, ps, eq):
+    if len(gs) != len(ps):
+        return False
+    left = list(ps)
+    for g in gs:
+        for i, p in enumerate(left):
+            if eq(g, p):
+                del left[i]
+                break
+        else:
+            return False
+    return True
+
+
+def _as_vector(x):
+    """A ()-tuple, or a one-row / one-column matrix, as a flat tuple of items; else None."""
+    if x[0] == "seq" and x[1] == "()":
+        return x[2]
+    if x[0] == "mat" and len(x[1]) == 1:
+        return x[1][0]
+    if x[0] == "mat" and all(len(r) == 1 for r in x[1]):
+        return tuple(r[0] for r in x[1])
+    return None
+
+
+def _struct_equal(g, p, ctx):
+    """Compare two structures; tuples ordered, sets/lists/unions unordered."""
+    eq = functools.partial(_struct_equal, ctx=ctx)
+    gk, pk = g[0], p[0]
+    if gk == "expr" and pk == "expr":
+        return _scalar_equal(g[1], p[1], ctx)
+    if gk == "mat" and pk == "mat":
+        return len(g[1]) == len(p[1]) and all(
+            len(a) == len(b) and all(map(eq, a, b)) for a, b in zip(g[1], p[1]))
+    if gk == "mat" or pk == "mat":  # a column or row vector equals a tuple
+        gv, pv = _as_vector(g), _as_vector(p)
+        return gv is not None and pv is not None and len(gv) == len(pv) and all(map(eq, gv, pv))
+    if gk == "seq" and pk == "seq":
+        return g[1] == p[1] and len(g[2]) == len(p[2]) and all(map(eq, g[2], p[2]))
+    if gk == "seq" and pk == "list" and g[1] == "()":  # (3, 2) vs 3, 2
+        return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
+    if gk in ("list", "set") and (pk in ("list", "set") or pk == "seq" and p[1] == "()"):
+        return _match_unordered(g[1], p[-1], eq)
+    if gk == "union" and pk == "union":
+        return _match_unordered(g[1], p[1], eq)
+    if pk == "list" and gk not in ("list", "set"):  # the same answer twice: `\\boxed{1.5} or \\boxed{3/2}`
+        return all(eq(g, x) for x in p[1])
+    return False
+
+
+# ----------------------------------------------------------------------------- scalars
+class _Undecided(Exception):
+    """The value of an expression cannot be computed safely (overflow, 0/0, unknown notation)."""
+
+
+def _split_eq(s):
+    parts = _split_top(s, "=")
+    return (parts[0], parts[-1]) if len(parts) > 1 and parts[0] and parts[-1] else (None, s)
+
+
+def _scalar_equal(g, p, ctx):
+    gk, pk = _key(g), _key(p)
+    if gk == pk:
+        return True
+    m = re.fullmatch(r"(\d+)_\{?(\d+)\}?", gk)
+    if m and pk == m.group(1):  # 52_8 vs 52 (the base left out)
+        return True
+    if re.fullmatch(r"[a-zA-Z][a-zA-Z ]{2,}", g) and re.fullmatch(r"[a-zA-Z][a-zA-Z ]*", p):
+        return g.lower().replace(" ", "") == p.lower().replace(" ", "")
+    gl, gr = _split_eq(g)
+    pl, pr = _split_eq(p)
+    g_simple = gl is not None and _SIMPLE_LHS.fullmatch(gl)
+    p_simple = pl is not None and _SIMPLE_LHS.fullmatch(pl)
+    if gl is not None and pl is not None:
+        if g_simple and p_simple and _key(gl) == _key(pl) and _value_equal(gr, pr, ctx):
+            return True
+        return _value_equal(f"{gl}-({gr})", f"{pl}-({pr})", ctx, ratio=True)
+    if gl is not None:
+        return bool(g_simple) and _value_equal(gr, p, ctx)
+    if pl is not None:
+        return bool(p_simple) and _value_equal(g, pr, ctx)
+    return _value_equal(g, p, ctx)
+
+
+# ----------------------------------------------------------------------------- parser
+_TOKEN = re.compile(r"\s*(?:(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)|(\\[a-zA-Z]+|\\.)"
+                    r"|([a-zA-Z]+)|(\*\*|\S))")
+_FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "arccot",
+          "arcsec", "arccsc", "sinh", "cosh", "tanh", "coth", "arsinh", "arcosh", "artanh",
+          "log", "ln", "lg", "exp"}
+_INVERSE = {"sin": "arcsin", "cos": "arccos", "tan": "arctan", "cot": "arccot", "sec": "arcsec",
+            "csc": "arccsc", "sinh": "arsinh", "cosh": "arcosh", "tanh": "artanh"}
+_WORDS = sorted(_FUNCS | {"sqrt", "pi", "infty", "asin", "acos", "atan"}, key=len, reverse=True)
+_ACCENTS = {"\\overline", "\\bar", "\\hat", "\\vec", "\\tilde", "\\dot", "\\ddot", "\\widehat",
+            "\\widetilde", "\\mathbb", "\\mathcal", "\\mathfrak", "\\underline", "\\check"}
+_NOT_ATOM = {"\\cdot", "\\times", "\\div", "\\ast", "\\rfloor", "\\rceil", "\\rvert", "\\}", "\\le",
+             "\\ge", "\\ne", "\\pm", "\\mp", "\\in", "\\cup", "\\cap", "\\to", "\\mid"}
+
+
+def _tokenize(s):
+    """[(kind, text)] with kind in num/cmd/fn/sym/op; letter runs split into known names or letters."""
+    out = []
+    for m in _TOKEN.finditer(s):
+        num, cmd, word, op = m.groups()
+        if num:
+            out.append(("num", num))
+        elif cmd:
+            name = cmd[1:]
+            out.append(("fn", name) if name in _FUNCS else ("cmd", cmd))
+        elif op:
+            out.append(("op", "^" if op == "**" else op))
+        else:
+            while word:
+                w = next((w for w in _WORDS if word.startswith(w)), word[0])
+                out.append(("fn", {"asin": "arcsin", "acos": "arccos", "atan": "arctan"}.get(w, w))
+                           if w in _FUNCS or len(w) == 4 and w[0] == "a" else
+                           ("cmd", "\\" + w) if len(w) > 1 else ("sym", w))
+                word = word[len(w):]
+    return out
+
+
+class _Parser:
+    """Recursive descent over tokens; builds trees of tuples: ('n', Fraction), ('sym', name),
+    ('+', *terms), ('*', a, b), ('/', a, b), ('^', a, b), ('neg', a), ('fn', name, a),
+    ('log', a, base), ('sqrt', a), ('root', a, n), ('abs'|'floor'|'ceil'|'fact', a),
+    ('binom', n, k), ('inf',)."""
+
+    def __init__(self, s):
+        self.toks, self.i, self.depth, self.in_abs = _tokenize(s), 0, 0, 0
+        self.decimal, self.syms = False, set()
+        if len(self.toks) > 400:
+            raise _Undecided("too many tokens")
+
+    def peek(self, k=0):
+        return self.toks[self.i + k] if self.i + k < len(self.toks) else (None, None)
+
+    def take(self):
+        self.i += 1
+        return self.toks[self.i - 1] if self.i <= len(self.toks) else (None, None)
+
+    def expect(self, text):
+        if self.take()[1] != text:
+            raise _Undecided(f"expected {text}")
+
+    def enter(self):
+        self.depth += 1
+        if self.depth > 80:
+            raise _Undecided("nesting too deep")
+
+    def expr(self):
+        self.enter()
+        terms = [self.unary()]
+        while self.peek()[1] in ("+", "-"):
+            sign = self.take()[1]
+            t = self.term()
+            terms.append(t if sign == "+" else ("neg", t))
+        self.depth -= 1
+        return terms[0] if len(terms) == 1 else ("+",) + tuple(terms)
+
+    def unary(self):
+        if self.peek()[1] in ("-", "+"):
+            sign = self.take()[1]
+            self.enter()
+            t = self.unary()
+            self.depth -= 1
+            return ("neg", t) if sign == "-" else t
+        return self.term()
+
+    def term(self):
+        node = self.power()
+        while True:
+            t = self.peek()[1]
+            if t in ("*", "\\cdot", "\\times", "\\ast"):
+                self.take()
+                node = ("*", node, self.signed_power())
+            elif t in ("/", "\\div"):
+                self.take()
+                node = ("/", node, self.signed_power())
+            elif self.starts_atom():
+                node = ("*", node, self.power())
+            else:
+                return node
+
+    def signed_power(self):
+        if self.peek()[1] == "-":
+            self.take()
+            return ("neg", self.power())
+        return self.power()
+
+    def starts_atom(self):
+        kind, t = self.peek()
+        if kind in ("num", "sym", "fn"):
+            return True
+        if kind == "cmd":
+            return t not in _NOT_ATOM
+        return t in ("(", "[", "{") or t == "|" and not self.in_abs
+
+    def power(self):
+        self.enter()
+        base = self.postfix(self.atom())
+        if self.peek()[1] == "^":
+            self.take()
+            base = ("^", base, self.signed_power())
+        self.depth -= 1
+        return base
+
+    def postfix(self, node):
+        while self.peek()[1] == "!":
+            self.take()
+            node = ("fact", node)
+        return node
+
+    def arg(self):
+        """One macro argument: a {group} or a single token (`\\frac43` reads 4, then 3)."""
+        kind, t = self.peek()
+        if t == "{":
+            self.take()
+            e = self.expr()
+            self.expect("}")
+            return e
+        if kind == "num" and len(t) > 1 and t.isdigit():
+            self.toks[self.i] = ("num", t[1:])
+            return ("n", Fraction(int(t[0])))
+        return self.atom()
+
+    def raw_arg(self):
+        """The token text of a macro argument, for names such as \\vec{v} or x_{max}."""
+        if self.peek()[1] != "{":
+            return self.take()[1] or ""
+        self.take()
+        start, depth = self.i, 1
+        while self.i < len(self.toks) and depth:
+            depth += {"{": 1, "}": -1}.get(self.toks[self.i][1], 0)
+            self.i += 1
+        if depth:
+            raise _Undecided("unbalanced braces")
+        return "".join(t for _, t in self.toks[start:self.i - 1])
+
+    def name_suffix(self, name):
+        while True:
+            t = self.peek()[1]
+            if t == "_":
+                self.take()
+                name += "_" + self.raw_arg()
+            elif t == "'":
+                self.take()
+                name += "'"
+            else:
+                return name
+
+    def atom(self):
+        kind, t = self.take()
+        if kind == "num":
+            if "." in t or "e" in t or "E" in t:
+                self.decimal = True
+            mant, _, exp = t.lower().partition("e")
+            if len(mant) > 400 or exp and abs(int(exp)) > 400:  # Fraction("1e999999999") never returns
+                raise _Undecided("number too large")
+            value = Fraction(t)
+            if self.peek()[1] == "_":  # 52_8: a numeral in another base, an opaque name
+                return self.symbol(self.name_suffix(t))
+            k2, t2 = self.peek()
+            if t2 == "\\frac" and t.isdigit() and self.peek(1)[1] == "{":  # mixed number 1\frac{4}{5}
+                save = self.i
+                self.take()
+                a, b = self.arg(), self.arg()
+                if a[0] == "n" and b[0] == "n" and b[1] and a[1] < b[1]:
+                    return ("n", value + a[1] / b[1])
+                self.i = save
+            return ("n", value)
+        if kind == "sym":
+            return self.symbol(self.name_suffix(t))
+        if kind == "fn":
+            return self.function(t)
+        if kind == "cmd":
+            if t == "\\frac":
+                return ("/", self.arg(), self.arg())
+            if t == "\\binom":
+                return ("binom", self.arg(), self.arg())
+            if t == "\\sqrt":
+                if self.peek()[1] == "[":
+                    self.take()
+                    n = self.expr()
+                    self.expect("]")
+                    return ("root", self.arg(), n)
+                return ("sqrt", self.arg())
+            if t in ("\\pi", "\\infty"):
+                return ("sym", "pi") if t == "\\pi" else ("inf",)
+            if t in ("\\lfloor", "\\lceil"):
+                e = self.expr()
+                self.expect("\\rfloor" if t == "\\lfloor" else "\\rceil")
+                return ("floor" if t == "\\lfloor" else "ceil", e)
+            if t in ("\\lvert", "\\vert", "\\|"):
+                self.in_abs += 1
+                e = self.expr()
+                self.in_abs -= 1
+                if self.take()[1] not in ("\\rvert", "\\vert", "\\|"):
+                    raise _Undecided("unclosed |")
+                return ("abs", e)
+            if t in ("\\exp",):
+                return self.function("exp")
+            if t in _ACCENTS:
+                return self.symbol(self.name_suffix(t[1:] + "{" + self.raw_arg() + "}"))
+            if t in _NOT_ATOM or t in ("\\{", "\\emptyset", "\\dots", "\\ldots", "\\cdots", "\\,"):
+                raise _Undecided(f"{t} in an expression")
+            return self.symbol(self.name_suffix(t[1:]))  # \alpha, \hbar, \theta_w ...
+        if t in ("(", "[", "{"):
+            e = self.expr()
+            self.expect({"(": ")", "[": "]", "{": "}"}[t])
+            return e
+        if t == "|":
+            self.in_abs += 1
+            e = self.expr()
+            self.in_abs -= 1
+            self.expect("|")
+            return ("abs", e)
+        raise _Undecided(f"unexpected {t!r}")
+
+    def symbol(self, name):
+        if name not in ("pi", "e", "i"):
+            self.syms.add(name)
+        return ("sym", name)
+
+    def function(self, name):
+        """`\\sin x`, `\\sin(x)`, `\\sin^2 x`, `\\sin^{-1} x`, `\\log_2 8`, `\\ln 2`."""
+        base, power = None, None
+        for _ in range(2):
+            t = self.peek()[1]
+            if t == "_" and name == "log":
+                self.take()
+                base = self.arg()
+            elif t == "^":
+                self.take()
+                power = self.signed_power() if self.peek()[1] != "{" else self.arg()
+        if power in (("neg", ("n", 1)), ("n", -1)) and name in _INVERSE:
+            name, power = _INVERSE[name], None
+        if self.peek()[1] in ("(", "{"):
+            arg = self.atom()
+        else:  # \sin 2x, \cos \frac{\pi}{3}: a product of powers, up to the next function
+            arg = self.power()
+            while self.starts_atom() and self.peek()[0] != "fn":
+                arg = ("*", arg, self.power())
+        if name in ("log", "ln", "lg") and (base is not None or name == "lg"):
+            node = ("log", arg, base if base is not None else ("n", Fraction(10)))
+        else:
+            node = ("fn", "log" if name == "ln" else name, arg)
+        return ("^", node, power) if power is not None else node
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse(s):
+    """(tree, has_decimal, free symbols) of one scalar expression, or None if it cannot be read."""
+    if len(s) > MAX_EXPR:
+        return None
+    try:
+        p = _Parser(s)
+        tree = p.expr()
+        if p.i != len(p.toks):
+            return None
+        return tree, p.decimal, frozenset(p.syms)
+    except (_Undecided, RecursionError, ValueError, ZeroDivisionError, IndexError):
+        return None
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _real_gamma(z):
+    if z.imag:
+        raise _Undecided("complex factorial")
+    return complex(math.gamma(z.real))
+
+
+_FLOAT = {"conv": complex, "pi": complex(math.pi), "e": complex(math.e), "i": 1j,
+          "inf": complex(math.inf), "gamma": _real_gamma, "finite": cmath.isfinite,
+          "floor": lambda z: math.floor(z.real), "sqrt": cmath.sqrt, "exp": cmath.exp,
+          "log": cmath.log, "sin": cmath.sin, "cos": cmath.cos, "tan": cmath.tan,
+          "cot": lambda z: 1 / cmath.tan(z), "sec": lambda z: 1 / cmath.cos(z),
+          "csc": lambda z: 1 / cmath.sin(z), "arcsin": cmath.asin, "arccos": cmath.acos,
+          "arctan": cmath.atan, "arccot": lambda z: cmath.atan(1 / z),
+          "arcsec": lambda z: cmath.acos(1 / z), "arccsc": lambda z: cmath.asin(1 / z),
+          "sinh": cmath.sinh, "cosh": cmath.cosh, "tanh": cmath.tanh,
+          "coth": lambda z: 1 / cmath.tanh(z), "arsinh": cmath.asinh, "arcosh": cmath.acosh,
+          "artanh": cmath.atanh, "pow": lambda x, y: x ** y}
+_MP = None
+
+
+def _mp_backend():
+    """The same functions in 50-digit mpmath (a private context, so threads never fight over dps)."""
+    global _MP
+    if _MP is None:
+        import mpmath
+        c = mpmath.MPContext()
+        c.dps = 50
+
+        def conv(x):
+            return c.mpc(c.mpf(x.numerator) / x.denominator) if isinstance(x, Fraction) else c.mpc(x)
+
+        def finite(x):  # |x| < 2^100000: past that, each operation costs more than it is worth
+            return c.isfinite(x) and (x == 0 or c.mag(x) < 100_000)
+
+        def small(f, bound):  # trig/exp of a huge argument needs a huge-precision reduction
+            def g(z):
+                if abs(z) > bound:
+                    raise _Undecided("argument too large")
+                return f(z)
+            return g
+
+        _MP = {"conv": conv, "pi": c.mpc(c.pi), "e": c.mpc(c.e), "i": c.mpc(0, 1),
+               "inf": c.mpc(c.inf), "gamma": c.gamma, "finite": finite,
+               "floor": lambda z: int(c.floor(z.real)), "arsinh": c.asinh, "arcosh": c.acosh,
+               "artanh": c.atanh, "arcsin": c.asin, "arccos": c.acos, "arctan": c.atan,
+               "arccot": c.acot, "arcsec": c.asec, "arccsc": c.acsc}
+        for f in ("sqrt", "log"):
+            _MP[f] = getattr(c, f)
+        for f in ("exp", "sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh", "coth"):
+            _MP[f] = small(getattr(c, f), 1e6)
+        _MP["gamma"] = small(c.gamma, 1e6)
+        # mpmath computes x**n for a huge integer n exactly in one long uninterruptible loop
+        _MP["pow"] = lambda x, y: x ** y if abs(y) < 1000 else _MP["exp"](y * c.log(x))
+    return _MP
+
+
+def _big(x):
+    return isinstance(x, Fraction) and max(x.numerator.bit_length(), x.denominator.bit_length()) > EXACT_BITS
+
+
+def _iroot(n, q):
+    """The integer q-th root of n >= 0 if n is a perfect q-th power, else None."""
+    if n.bit_length() > 2000:
+        return None
+    r = round(n ** (1.0 / q)) if n.bit_length() < 1000 else round(math.exp(math.log(n) / q))
+    return next((c for c in (r - 1, r, r + 1) if c >= 0 and c ** q == n), None)
+
+
+def _exact_pow(a, b):
+    """a**b as an exact Fraction when it is rational and small enough, else None."""
+    if b.denominator == 1:
+        n = b.numerator
+        if a == 0 and n < 0:
+            raise _Undecided("0 to a negative power")
+        bits = max(a.numerator.bit_length(), a.denominator.bit_length())
+        return a ** n if abs(a) in (0, 1) or abs(n) * bits <= EXACT_BITS else None
+    if a > 0 and b.denominator <= 64:  # 8^(2/3) = 4
+        num, den = _iroot(a.numerator, b.denominator), _iroot(a.denominator, b.denominator)
+        if num is not None and den is not None:
+            return _exact_pow(Fraction(num, den), Fraction(b.numerator))
+    return None
+
+
+def _pow(a, b, B):
+    x, y = _conv(a, B), _conv(b, B)
+    if x == 0:
+        if y.real > 0:
+            return Fraction(0)
+        raise _Undecided("0 to a non-positive power")
+    return B["pow"](x, y)
+
+
+def _conv(x, B):
+    return B["conv"](x) if isinstance(x, Fraction) else x
+
+
+def _ev(n, env, B):
+    """Value of tree n with symbol values env: a Fraction while exact, else a backend complex."""
+    op = n[0]
+    if op == "n":
+        return n[1]
+    if op == "sym":
+        if n[1] in ("pi", "e", "i"):
+            return B[n[1]]
+        return env[n[1]]
+    if op == "inf":
+        return B["inf"]
+    args = [_ev(a, env, B) for a in n[1:] if not isinstance(a, str)]
+    if all(isinstance(a, Fraction) for a in args):
+        r = _exact(op, n, args)
+        if r is not None:
+            if _big(r):
+                raise _Undecided("exact value too large")
+            return r
+    args = [_conv(a, B) for a in args]
+    if op == "neg":
+        r = -args[0]
+    elif op == "+":
+        r = sum(args[1:], args[0])
+    elif op == "*":
+        r = args[0] * args[1]
+    elif op == "/":
+        if args[1] == 0:
+            raise _Undecided("division by zero")
+        r = args[0] / args[1]
+    elif op == "^":
+        r = _pow(args[0], args[1], B)
+    elif op == "fn":
+        r = B[n[1]](args[0])
+    elif op == "log":
+        r = B["log"](args[0]) / B["log"](args[1])
+    elif op == "sqrt":
+        r = B["sqrt"](args[0])
+    elif op == "root":
+        x, k = args
+        neg_odd = x.imag == 0 and x.real < 0 and k.imag == 0 and float(k.real) % 2 == 1
+        r = -_pow(-x, 1 / k, B) if neg_odd else _pow(x, 1 / k, B)
+    elif op == "abs":
+        r = B["conv"](abs(args[0]))
+    elif op in ("floor", "ceil"):
+        if abs(args[0].imag) > 1e-12 * max(1.0, abs(args[0])):
+            raise _Undecided("floor of a complex number")
+        r = Fraction(B["floor"](args[0]) if op == "floor" else -B["floor"](-args[0]))
+    elif op == "fact":
+        r = B["gamma"](args[0] + 1)
+    elif op == "binom":
+        nn, k = args
+        r = B["gamma"](nn + 1) / (B["gamma"](k + 1) * B["gamma"](nn - k + 1))
+    else:
+        raise _Undecided(f"unknown node {op}")
+    if not isinstance(r, Fraction) and not B["finite"](r):
+        raise _Undecided("not finite")
+    return r
+
+
+def _exact(op, n, args):
+    """The exact rational result of op on rational args, or None if it is not rational (or safe)."""
+    if op == "neg":
+        return -args[0]
+    if op == "+":
+        return sum(args, Fraction(0))
+    if op == "*":
+        return args[0] * args[1]
+    if op == "/":
+        if args[1] == 0:
+            raise _Undecided("division by zero")
+        return args[0] / args[1]
+    if op == "^":
+        return _exact_pow(args[0], args[1])
+    if op == "sqrt":
+        return _exact_pow(args[0], Fraction(1, 2))
+    if op == "root":
+        x, k = args
+        if k.denominator != 1 or not 0 < k <= 64:
+            return None
+        if x < 0 and k % 2 == 1:  # the real cube root of -8 is -2
+            r = _exact_pow(-x, 1 / k)
+            return None if r is None else -r
+        return _exact_pow(x, 1 / k) if x >= 0 else None
+    if op == "abs":
+        return abs(args[0])
+    if op == "floor":
+        return Fraction(math.floor(args[0]))
+    if op == "ceil":
+        return Fraction(math.ceil(args[0]))
+    if op == "fact" and args[0].denominator == 1 and 0 <= args[0] <= 1000:
+        return Fraction(math.factorial(int(args[0])))
+    if op == "binom" and all(a.denominator == 1 for a in args) and 0 <= args[0] <= 2000:
+        return Fraction(math.comb(int(args[0]), int(args[1]))) if args[1] >= 0 else Fraction(0)
+    return None
+
+
+# ----------------------------------------------------------------------------- comparison
+def _point(names, trial):
+    """Seeded rational values in (1/3, 10.3) for the free symbols (crc32, so that every process
+    agrees); trial 3 is their negatives, used when |x|, floor or ceil make the sign matter.
+    Positive points keep sqrt(x^2) = x and ln(xy) = ln x + ln y true, as answers assume."""
+    sign = -1 if trial == 3 else 1
+    return {x: sign * (Fraction(1 + zlib.crc32(f"{x}|{trial % 3}".encode()) % 10007, 1009) + Fraction(1, 3))
+            for x in names}
+
+
+def _nodes(t):
+    yield t
+    for a in t[1:]:
+        if isinstance(a, tuple):
+            yield from _nodes(a)
+
+
+def _close(a, b, rtol, B):
+    """Are a and b equal: exactly for two Fractions under rtol 0, else within rtol (plus float noise)."""
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b if rtol == 0 else abs(a - b) <= rtol * max(abs(a), abs(b))
+    a, b = _conv(a, B), _conv(b, B)
+    if a == B["inf"] or b == B["inf"] or a == -B["inf"] or b == -B["inf"]:
+        return a == b
+    noise = 1e-9 if B is _FLOAT else 1e-35
+    return abs(a - b) <= max(rtol, noise) * max(abs(a), abs(b)) + (0 if rtol else noise * 1e-3)
+
+
+def _trees_equal(gt, pt, names, rtol, ratio, B):
+    """Evaluate both trees at seeded points; True/False, or _Undecided propagates.
+    Returns 'exact' when every comparison was between exact rationals."""
+    exact, c = True, None
+    signed = any(n[0] in ("abs", "floor", "ceil") for t in (gt, pt) for n in _nodes(t))
+    for trial in (0, 1, 2, 3) if names and signed else (0, 1, 2) if names else (0,):
+        env = _point(names, trial)
+        a, b = _ev(gt, env, B), _ev(pt, env, B)
+        if ratio:  # equations: l1 - r1 = c (l2 - r2) for one constant c != 0
+            if a == 0 or b == 0:
+                if not (a == 0 and b == 0):
+                    return False
+                continue
+            if c is None:
+                c = a / b if isinstance(a, Fraction) and isinstance(b, Fraction) else _conv(a, B) / _conv(b, B)
+                continue
+            b = b * c if isinstance(b, Fraction) and isinstance(c, Fraction) else _conv(b, B) * _conv(c, B)
+        exact = exact and isinstance(a, Fraction) and isinstance(b, Fraction)
+        if not _close(a, b, rtol, B):
+            return False
+    return "exact" if exact else True
+
+
+def _value_equal(g, p, ctx, ratio=False):
+    """Two scalar expressions: parsed, evaluated, compared; percent and degree readings tried."""
+    rtol, g_pct, p_pct, g_deg, p_deg = ctx
+    G, P = _parse(g), _parse(p)
+    if G is None or P is None:
+        return False
+    (gt, g_dec, g_syms), (pt, p_dec, p_syms) = G, P
+    names = sorted(g_syms | p_syms)
+    tol = rtol if g_dec or p_dec else 0
+    hundredth = ("/", ("n", Fraction(1)), ("n", Fraction(100)))
+    deg = ("/", ("sym", "pi"), ("n", Fraction(180)))
+    has_pi = lambda t: ("sym", "pi") in _nodes(t)
+    readings = [(gt, pt)]
+    if g_pct != p_pct:  # 50% vs 0.5
+        readings.append((("*", gt, hundredth), pt) if g_pct else (gt, ("*", pt, hundredth)))
+    if g_deg and not p_deg and has_pi(pt):  # 30^\circ vs \pi/6
+        readings.append((("*", gt, deg), pt))
+    if p_deg and not g_deg and has_pi(gt):
+        readings.append((gt, ("*", pt, deg)))
+    for a, b in readings:
+        try:
+            verdict = _trees_equal(a, b, names, tol, ratio, _FLOAT)
+        except (_Undecided, ArithmeticError, ValueError, TypeError):
+            verdict = None  # overflow or a singular point: let the 50-digit pass decide
+        if verdict == "exact" or verdict is True and tol:
+            return True
+        if verdict is False:
+            continue
+        try:  # equal in floats, or undecided: confirm at 50 digits
+            if _trees_equal(a, b, names, tol, ratio, _mp_backend()):
+                return True
+        except (_Undecided, ArithmeticError, ValueError, TypeError, ZeroDivisionError):
+            pass
+    return False
+
+
+class _Timeout(BaseException):
+    """Raised inside the guarded code when its time budget is spent (BaseException, so that
+    `except Exception` blocks inside sympy/mpmath cannot swallow it)."""
+
+
+def _with_deadline(seconds, fn, *args):
+    """fn(*args), interrupted with _Timeout after `seconds`. sys.setprofile calls the hook on
+    every Python and C function call of this thread only, so it works off the main thread, where
+    signal.alarm cannot be used; the previous hook (a profiler, a debugger) is restored."""
+    deadline, calls, prev = time.perf_counter() + seconds, [0], sys.getprofile()
+
+    def hook(frame, event, arg):
+        calls[0] += 1
+        if calls[0] & 255 == 0 and time.perf_counter() > deadline:
+            raise _Timeout
+
+    sys.setprofile(hook)
+    try:
+        return fn(*args)
+    finally:
+        sys.setprofile(prev)
+
+
+_CHOICE = re.compile(r"\(?([A-J])\)?")
+_CHOICE_PRED = re.compile(r"(?:\(([A-J])\)|([A-J])(?:[):.]|\s|$))")
+
+
+def _equal(gold, pred, rtol):
+    """Compare two final answers (not whole solutions)."""
+    if len(gold) > MAX_ANSWER or len(pred) > MAX_ANSWER:
+        return gold.strip() == pred.strip()
+    (g, g_pct, g_deg), (p, p_pct, p_deg) = _clean(gold), _clean(pred)
+    if not g or not p:
+        return False
+    if _key(g) == _key(p):
+        return True
+    m = _CHOICE.fullmatch(g)
+    if m:  # multiple choice: the gold is a letter; so must the prediction lead with one
+        mp = _CHOICE_PRED.match(p)
+        return bool(mp) and (mp.group(1) or mp.group(2)) == m.group(1)
+    ctx = (rtol, g_pct, p_pct, g_deg, p_deg)
+    return _with_deadline(TIME_BUDGET, lambda: _struct_equal(_structure(g), _structure(p), ctx))
+
+
+# ----------------------------------------------------------------------------- public API
+def verify(gold, pred, *, rel_tol=1e-4):
+    """True when `pred` (the model's) denotes the same mathematical answer as `gold` (reference).
+
+    Either may be a bare answer (`\\frac{1}{2}`, `0.5`, `x = 3`) or a whole solution text, whose
+    final answer is extracted first (see extract_answer). `rel_tol` is the relative tolerance used
+    when either side is written as a decimal (`0.3333` vs `\\frac{1}{3}`); exact forms must agree
+    exactly. Never raises on str input and returns within about TIME_BUDGET seconds.
+    """
+    for name, x in (("gold", gold), ("pred", pred)):
+        if not isinstance(x, (str, int, float)) or isinstance(x, bool):
+            raise TypeError(f"verify: {name} must be a str, got {type(x).__name__}")
+    try:
+        gold, pred = str(gold)[-MAX_TEXT:], str(pred)[-MAX_TEXT:]
+        if re.sub(r"[\s$]", "", gold) == re.sub(r"[\s$]", "", pred):
+            return True  # the same text, maybe one in $...$ (a prose answer with math in it)
+        return bool(_equal(_final_answer(gold), _final_answer(pred), rel_tol))
+    except (Exception, _Timeout):
+        return False
+
+
+def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
+    """The RL reward of one response: 1.0 if its extracted final answer verifies against `gold`;
+    else `format_reward` (default 0.0) if it has a final answer; else -`no_answer_penalty`
+    (default 0.0, so 1.0 / 0.0 by default). Unlike verify, a response with no boxed / "answer is" /
+    `####` / `$...$` answer gets no credit even if it is a bare number: RL teaches the format.
+    """
+    if not isinstance(response, str):
+        raise TypeError(f"math_reward: response must be a str, got {type(response).__name__}")
+    try:
+        ans = extract_answer(response)
+    except Exception:
+        ans = None
+    if ans is None:
+        return -float(no_answer_penalty)
+    return 1.0 if verify(gold, ans, rel_tol=rel_tol) else float(format_reward)

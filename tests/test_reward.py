@@ -1,0 +1,402 @@
+"""Tests of reward.py: a table of known-equal and known-different answer pairs (the kinds that the
+test suites of math-verify, Qwen2.5-Math's grader, DeepScaleR, lm-eval's minerva grader, PRM800K's
+grader and simple-evals check), extraction, the reward, robustness (a fuzz of hostile inputs) and
+self-consistency on the benchmark files in ../shared/data when they are present.
+
+Expected values are written by hand from the mathematics, never copied from the code's output.
+"""
+import json
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from reward import extract_answer, math_reward, verify
+
+T, F = True, False
+
+# (gold, pred, same answer?)
+PAIRS = [
+    # --- integers, decimals, thousands separators, signs
+    ("18", "18", T), ("18", "18.0", T), ("18", "18.00", T), ("0.5", ".5", T), ("-3", "- 3", T),
+    ("3", "+3", T), ("+2", "2", T), ("1000000", "1,000,000", T), ("1000", "1{,}000", T),
+    ("1000000", "10^6", T), ("100", "1e2", T), ("25", "025", T), ("27", "27.0", T),
+    ("10080", "10,\\!080", T), ("11,\\! 111,\\! 111,\\! 100", "11111111100", T),
+    ("58,500", "58500", T), ("2125", "2,125", T), ("0.10", "0.1", T), ("56.0", "56", T),
+    ("3.5", "3{,}5", T), ("12", "13", F), ("3", "3.5", F), ("1", "-1", F), ("0", "0.0", T),
+    ("0", "0.0001", F), ("100", "1000", F), ("1000", "1,001", F), ("5", "50", F),
+    (".0000672", "6.72 \\times 10^{-5}", T), (".35625", "0.35625", T), ("326.5", "326.50", T),
+    ("7", "7.5", F), ("2", "2.", T), ("-0.875", "-\\frac{7}{8}", T),
+    # --- fractions, mixed numbers
+    ("\\frac{1}{2}", "1/2", T), ("\\frac12", "\\frac{1}{2}", T), ("\\dfrac{3}{4}", "\\tfrac34", T),
+    ("\\frac{1}{2}", "\\frac{2}{4}", T), ("\\frac{1}{2}", "2", F), ("1/2", "2", F),
+    ("1\\frac{4}{5}", "\\frac{9}{5}", T), ("1\\frac{4}{5}", "1.8", T), ("137 \\frac{1}{2}", "137.5", T),
+    ("137 \\frac{1}{2}", "\\frac{275}{2}", T), ("-\\frac{1}{2}", "\\frac{-1}{2}", T),
+    ("-\\frac{1}{2}", "-0.5", T), ("\\frac{1}{3}", "0.333", F), ("\\frac{1}{3}", "0.33333", T),
+    ("\\frac{3}{2}", "1.5", T), ("\\frac{3}{2}", "3/2", T), ("\\frac{3}{2}", "\\frac{2}{3}", F),
+    ("\\frac43", "\\frac{4}{3}", T), ("\\frac 59", "5/9", T), ("\\frac9{19}", "\\frac{9}{19}", T),
+    ("\\frac{270}7", "\\frac{270}{7}", T), ("\\frac{1}{2}", "0.5", T), ("\\frac{1}{2}", "0.51", F),
+    ("\\dfrac{33}{100}", "0.33", T), ("\\frac{14}{3}", "4\\frac{2}{3}", T), ("\\frac{14}{3}", "4.67", F),
+    ("\\frac{1}{8}", "\\frac{1}{6}", F), ("-\\frac{3}{8}", "\\frac{3}{8}", F),
+    ("\\frac{3840}{289}", "3840/289", T), ("\\frac{1}{2}", "\\frac{1}{2}.", T),
+    ("\\frac{-1}{1997}", "-\\frac{1}{1997}", T), ("\\frac{1}{4}", "0.25", T), ("\\frac{1}{4}", "1/4.", T),
+    # --- percentages (as the gold suggests)
+    ("50\\%", "50", T), ("50\\%", "0.5", T), ("50", "50\\%", T), ("0.5", "50\\%", T),
+    ("50\\%", "5", F), ("62.5%", "62.5", T), ("17.5%", "0.175", T), ("10\\%", "20\\%", F),
+    ("50", "0.5", F), ("8 \\%", "8", T), ("25\\%", "25 percent", T), ("25\\%", "\\frac{1}{4}", T),
+    # --- scientific notation
+    ("3.83e35", "3.83 \\times 10^{35}", T), ("3.83e35", "3.83\\cdot10^{35}", T),
+    ("4.5e33", "4.5 \\times 10^{33}", T), ("1e-5", "10^{-5}", T), ("1e-5", "0.00001", T),
+    ("3.83e35", "3.8e35", F), ("2.7778e-6", "2.7778 \\times 10^{-6}", T), ("6e13", "6 \\times 10^{13}", T),
+    ("7e37", "7\\times10^{36}", F), ("1.4903e4", "14903", T), ("3.61e2", "361", T),
+    ("5.47e5", "5.47E5", T), ("8.7e8", "870,000,000", T), ("1e11", "10^{11}", T),
+    ("4.4e7", "4.4 \\times 10^7", T), ("6.5e-2", "0.065", T), ("2.88e16", "2.89e16", F),
+    # --- radicals, pi, e, infinity
+    ("2\\sqrt{2}", "\\sqrt{8}", T), ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}", T),
+    ("3\\sqrt{13}", "\\sqrt{117}", T), ("\\sqrt{2}", "1.414", F), ("\\sqrt{2}", "1.41421", T),
+    ("11\\sqrt2", "11\\sqrt{2}", T), ("\\pi", "3.14", F), ("\\pi", "3.14159", T), ("288\\pi", "288 \\pi", T),
+    ("2\\pi", "\\pi", F), ("\\frac{\\pi}{2}", "\\pi/2", T), ("e", "\\exp(1)", T), ("e^2", "\\exp(2)", T),
+    ("\\infty", "\\infty", T), ("\\infty", "-\\infty", F), ("\\sqrt[3]{8}", "2", T), ("\\sqrt[3]{-8}", "-2", T),
+    ("5 \\sqrt[3]{4}", "5 \\cdot 4^{1/3}", T), ("\\frac{8}{\\sqrt[3]{7}}", "8 \\cdot 7^{-1/3}", T),
+    ("\\sqrt{2}+\\sqrt{3}", "\\sqrt{5+2\\sqrt{6}}", T), ("1+\\sqrt{2}", "1-\\sqrt{2}", F),
+    ("\\sqrt{2}", "-\\sqrt{2}", F), ("2 \\sqrt{5}", "2\\sqrt{5}", T), ("\\sqrt{53}", "\\sqrt53", F), ("3\\sqrt{5}", "\\sqrt53", T),
+    ("2\\sqrt{2}", "2\\sqrt{3}", F), ("\\frac{20000}{\\pi}", "20000/\\pi", T), ("18+2\\pi", "2\\pi+18", T),
+    ("18+2\\pi", "18+\\pi", F), ("\\frac{3\\sqrt{3}}{4}", "\\frac{3}{4}\\sqrt{3}", T),
+    ("4 \\pi^{2}-1", "4\\pi^2 - 1", T), ("\\frac{9 \\sqrt{3}}{20}", "0.7794", T),
+    ("\\frac{9 \\sqrt{3}}{20}", "0.78", F), ("7\\pi", "21.9", F), ("7\\pi", "21.991", T), ("e^{i\\pi}", "-1", T),
+    ("\\sqrt{-4}", "2i", T), ("\\frac{189 \\sqrt{11}}{11}", "\\frac{189}{\\sqrt{11}}", T),
+    ("\\sqrt{2}-1", "\\frac{1}{\\sqrt{2}+1}", T), ("2-\\sqrt{3}", "\\frac{1}{2+\\sqrt{3}}", T),
+    ("2-\\sqrt{3}", "\\frac{1}{2-\\sqrt{3}}", F), ("\\sqrt{4}", "2", T), ("\\sqrt{4}", "-2", F),
+    # --- trig and logs
+    ("\\frac{\\sqrt{3}}{2}", "\\cos\\frac{\\pi}{6}", T), ("1", "\\sin^2 x + \\cos^2 x", T),
+    ("\\cot x", "\\frac{\\cos x}{\\sin x}", T), ("\\cot x", "\\tan x", F), ("\\log_2 8", "3", T),
+    ("\\log_{2} 8", "\\log_2{8}", T), ("\\ln 2 + i\\pi / 3", "\\ln(2) + \\frac{i\\pi}{3}", T),
+    ("\\frac{\\log 2}{\\log 2-\\log 3}", "\\frac{\\ln 2}{\\ln(2/3)}", T),
+    ("np.arcsin(10/13)", "\\sin^{-1}\\left(\\frac{10}{13}\\right)", T),
+    ("np.arcsin(10/13)", "\\arcsin(10/13)", T), ("np.arcsin(10/13)", "\\arccos(10/13)", F),
+    ("\\log 8", "3\\log 2", T), ("\\tan\\frac{\\pi}{4}", "1", T), ("\\sin x", "\\cos x", F),
+    ("2,-\\log _{10} 250", "2, -\\log_{10}(250)", T), ("\\sin(2x)", "2\\sin x\\cos x", T),
+    ("\\frac{\\pi}{6}", "30^\\circ", T), ("30^\\circ", "\\frac{\\pi}{6}", T), ("\\frac{\\pi}{6}", "60^\\circ", F),
+    ("e^{t} / 3", "\\frac{e^t}{3}", T), ("e^{t} / 3", "\\frac{e^{-t}}{3}", F),
+    # --- implicit multiplication, polynomials, expressions with symbols
+    ("2x", "2*x", T), ("2x", "x \\cdot 2", T), ("3\\sqrt{2}", "3 \\sqrt 2", T), ("xy", "yx", T),
+    ("2x+1", "1+2x", T), ("x^2", "2x", F), ("2(x+1)", "2x+2", T), ("(a+5)(b+2)", "(b+2)(a+5)", T),
+    ("(a+5)(b+2)", "ab+2a+5b+10", T), ("(a+5)(b+2)", "ab+2a+5b+11", F), ("6r^2-4r-24", "2(3r^2-2r-12)", T),
+    ("\\frac{11+9a}{20}", "\\frac{9a+11}{20}", T), ("p - q", "-q + p", T), ("p - q", "q - p", F),
+    ("2k+2", "2(k+1)", T), ("x^3+3x-6", "x^3+3x+6", F), ("n", "n+1", F), ("2n", "n^2", F),
+    ("\\frac{n(n+1)}{2}", "\\frac{n^2+n}{2}", T), ("\\binom{2n}{n}", "\\frac{(2n)!}{(n!)^2}", T),
+    ("\\binom{2n}{n}", "\\binom{2n}{n+1}", F), ("x^5 - x^4 + x^3 - x^2 + x - 1", "(x-1)(x^4+x^2+1)", T),
+    ("x^8 + x^7 + x^6 + x^5 + x^4 + x^3 + x^2 + x + 1", "\\frac{x^9-1}{x-1}", T),
+    ("-13x+3", "3-13x", T), ("15x - 80", "5(3x-16)", T), ("5r^5", "5 r^{5}", T), ("3R^2", "3r^2", F),
+    ("8n^2 + 4n + 1", "8n^2+4n+1", T), ("\\frac{1}{2 n+2}", "\\frac{1}{2(n+1)}", T),
+    ("(n-2) 2^{n}+1", "n2^n - 2^{n+1} + 1", T), ("2^{k-n}", "\\frac{2^k}{2^n}", T),
+    ("2^{k-n}", "2^{n-k}", F), ("n(n-1)", "n^2-n", T), ("\\frac{a b}{2}", "ab/2", T),
+    ("k\\left(4 k^{2}+k-1\\right) / 2", "\\frac{4k^3+k^2-k}{2}", T), ("\\frac{n}{2}", "n/2", T),
+    ("\\frac{1-p^{2}}{3}", "\\frac{(1-p)(1+p)}{3}", T), ("m n-\\lfloor m / 2\\rfloor", "mn - \\lfloor \\frac{m}{2} \\rfloor", T),
+    ("\\lceil n / 2\\rceil+1", "\\left\\lceil \\frac{n}{2} \\right\\rceil + 1", T),
+    ("\\lfloor\\log _{2} n\\rfloor+1", "\\lfloor \\log_2 n \\rfloor + 1", T),
+    ("\\lfloor\\sqrt{n-1}\\rfloor", "\\lceil\\sqrt{n-1}\\rceil", F), ("|x|", "\\left|x\\right|", T),
+    ("|x-1|", "|1-x|", T), ("|x-1|", "x-1", F), ("\\frac{d !}{2 k(d-k) !}", "\\frac{d!}{2k \\cdot (d-k)!}", T),
+    # --- equations and assignments
+    ("x=5", "5", T), ("5", "x = 5", T), ("x=5", "x=6", F), ("y = 2x + 3", "2x+3", T),
+    ("y = 2x+3", "y=3+2x", T), ("y = -2x", "y=-2x", T), ("y = 2x + 1", "2x + 1", T),
+    ("5x - 7y + 11z + 4 = 0", "-5x + 7y - 11z - 4 = 0", T), ("5x - 7y + 11z + 4 = 0", "10x - 14y + 22z + 8 = 0", T),
+    ("5x - 7y + 11z + 4 = 0", "5x - 7y + 11z - 4 = 0", F), ("k=1", "1", T), ("f(x)=2 x", "2x", T),
+    ("x=2", "y=2", F), ("x = 2, y = 3", "y = 3, x = 2", T), ("x = 2, y = 3", "x = 3, y = 2", F),
+    ("f(n)=n", "n", T), ("f(x)=\\frac{1}{x}", "\\frac{1}{x}", T), ("M=2^{N-2}+1", "2^{N-2}+1", T),
+    ("m_{\\max }=n^{2}-n-1", "n^2-n-1", T), ("y = 2x + 3", "y = 2x + 4", F), ("x=5", "x = 5", T),
+    ("\\frac{d x}{d t}=k x-a", "\\frac{dx}{dt} = kx - a", T), ("2x = 6", "3", F),
+    ("d=\\frac{1+\\sqrt{1+8 n}}{2}", "\\frac{1+\\sqrt{8n+1}}{2}", T), ("a=2, a=-6-4 \\sqrt{2}", "2, -6-4\\sqrt{2}", T),
+    ("f(x)=x+22", "f(x) = x + 22", T), ("g(x)=x^2-2x+2", "(x-1)^2+1", T), ("n=k+4", "k+4", T),
+    # --- tuples, points, intervals (ordered; brackets matter)
+    ("(1,2)", "(1, 2)", T), ("(1,2)", "(2,1)", F), ("(1,2)", "\\left(1,2\\right)", T), ("[0,1)", "[0,1]", F),
+    ("[0,1)", "[0, 1)", T), ("(3,4]", "(3, 4]", T), ("(-\\infty, 0]", "(-\\infty,0]", T),
+    ("(2,\\infty)", "(2, \\infty)", T), ("(2,\\infty)", "x > 2", T), ("(3,4]", "3 < x \\le 4", T),
+    ("(3,4]", "3 < x < 4", F), ("[2, \\infty)", "x \\geq 2", T), ("(-\\infty, 5)", "x<5", T),
+    ("(-\\infty, 2) \\cup (3, \\infty)", "(3, \\infty) \\cup (-\\infty, 2)", T),
+    ("(-\\infty, 2) \\cup (3, \\infty)", "(-\\infty, 2] \\cup (3, \\infty)", F),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", T), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi)", F),
+    ("(6,31,-1)", "(6, 31, -1)", T), ("(6,31,-1)", "(6,-1,31)", F), ("(1,2)", "1, 2", T),
+    ("x \\in [-2,7]", "[-2,7]", T), ("x \\in [-2,7]", "[-2,7)", F), ("[\\frac{1}{2}, 8]", "[0.5, 8]", T),
+    ("(2,4)", "(2,4]", F), ("\\left(\\frac{3}{5},\\frac{8}{3}\\right]", "(0.6, 8/3]", T),
+    ("(0,9) \\cup (9,36)", "(0,9)\\cup(9,36)", T), ("(0,9) \\cup (9,36)", "(0,36)", F),
+    ("(-\\sqrt{3}, \\sqrt{3})", "\\left(-\\sqrt3,\\sqrt3\\right)", T), ("(15,-29)", "(15, -29)", T),
+    ("(15,-29)", "(-29, 15)", F), ("(1,-16,-4,43)", "(1, -16, -4, 43)", T), ("(1,2,3)", "(1,2)", F),
+    ("\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]", "[\\pi^2/8, 5\\pi^2/4]", T),
+    ("(-\\infty, 0) \\cup\\{1\\}.", "(-\\infty,0)\\cup\\{1\\}", T), ("(-\\frac{1}{2}, \\frac{7}{2})", "(-0.5, 3.5)", T),
+    ("(4, \\log _{10} 2)", "(4, \\log_{10} 2)", T), ("\\quad(2+\\sqrt{2}, 1+\\sqrt{2})", "(2+\\sqrt2, 1+\\sqrt2)", T),
+    ("(2,251,252)", "(2, 251, 252)", T), ("(1,1006),(3,331),(11,31)", "(11,31),(3,331),(1,1006)", T),
+    ("(1,1006),(3,331),(11,31)", "(1,1006),(3,331)", F), ("(3,2)", "(3, 2)", T), ("(3,2)", "3,2", T),
+    # --- sets and lists of solutions (unordered)
+    ("1,-2", "-2, 1", T), ("3, 5, 7", "7,5,3", T), ("3, 5, 7", "3, 5", F), ("\\{1,2\\}", "\\{2,1\\}", T),
+    ("1,2", "\\{1, 2\\}", T), ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}, 1-\\sqrt{19}", T),
+    ("1 \\pm \\sqrt{19}", "1+\\sqrt{19}", F), ("3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2,3-2\\sqrt2", T),
+    ("\\{1\\pm\\sqrt{5},-2\\}", "-2, 1+\\sqrt5, 1-\\sqrt5", T), ("\\{1\\pm\\sqrt{5},-2\\}", "2, 1+\\sqrt5, 1-\\sqrt5", F),
+    ("(1,8,19), (2,7,13), (4,5,7)", "(4,5,7), (1,8,19), (2,7,13)", T),
+    ("(1,8,19), (2,7,13), (4,5,7)", "(8,1,19), (2,7,13), (4,5,7)", F), ("2, 3", "2 \\text{ and } 3", T),
+    ("2, 3", "x = 2 \\text{ or } x = 3", T), ("2500,7500", "2500, 7500", T), ("2", "2, 3", F), ("2, 3", "2", F),
+    ("-2,1", "1,-2", T), ("1,3,5", "1, 3, 5", T), ("1,3,5", "1, 3, 6", F), ("-1,0,1", "0, 1, -1", T),
+    ("\\frac{32}{9},\\frac{1}{2}", "0.5, 32/9", T), ("-2,0,2", "-2, 2", F), ("1,2", "1,2,2", F),
+    ("11,13", "13 and 11", T), ("90^{\\circ},60^{\\circ}", "60, 90", T),
+    ("1,\\frac{3 + \\sqrt{21}}{2},\\frac{3 - \\sqrt{21}}{2}", "\\frac{3\\pm\\sqrt{21}}{2}, 1", T),
+    ("10^{100},10^{1 / 100}", "10^{1/100}, 10^{100}", T), ("\\emptyset", "\\varnothing", T),
+    ("\\{2, 3\\}", "\\{2, 4\\}", F), ("2,4,3", "2, 3, 4", T),
+    # --- matrices and vectors
+    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}",
+     "\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\\\ \\frac{5}{3} \\end{pmatrix}", T),
+    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}", "(-1/3, 2/3, 5/3)", T),
+    ("\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}", "\\begin{pmatrix} -1/3 \\\\ 5/3 \\\\ 2/3 \\end{pmatrix}", F),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{bmatrix} -1 & 0 \\\\ 0 & -1 \\end{bmatrix}", T),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix} -1 & 0 \\\\ 0 & 1 \\end{pmatrix}", F),
+    ("\\begin{pmatrix} -1 & 0 \\\\ 0 & -1 \\end{pmatrix}", "\\begin{pmatrix} -1 & 0 & 0 & -1 \\end{pmatrix}", F),
+    ("\\begin{pmatrix} 1/5 \\\\ -18/5 \\end{pmatrix}", "\\begin{pmatrix}0.2\\\\-3.6\\end{pmatrix}", T),
+    ("\\begin{pmatrix} -2 \\\\ -14 \\\\ -7 \\end{pmatrix}", "\\left(\\begin{array}{c}-2\\\\-14\\\\-7\\end{array}\\right)", T),
+    ("\\begin{pmatrix} 16/49 \\\\ 48/49 \\\\ 24/49 \\end{pmatrix}", "\\frac{1}{49}(16, 48, 24)", F),
+    # --- units and words that do not change the value
+    ("5", "5 \\text{ cm}", T), ("864 \\mbox{ inches}^2", "864", T), ("15\\mbox{ cm}^2", "15", T),
+    ("5.4 \\text{ cents}", "5.4", T), ("90^\\circ", "90", T), ("90^\\circ", "90^{\\circ}", T), ("90", "90°", T),
+    ("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}", T), ("\\text{Evelyn}", "Evelyn", T),
+    ("\\text{east}", "East", T), ("\\text{east}", "west", F), ("\\$32,\\!348", "32348", T),
+    ("\\$18.90", "18.9", T), ("\\$36", "36 dollars", T), ("1.6", "1.6 \\mathrm{~cm}", T),
+    ("5", "5\\text{ m}", T), ("\\frac{37}{4} m", "\\frac{37}{4}m", T), ("30", "30 \\text{ minutes}", T),
+    ("18", "18 eggs", T), ("5", "5\\,\\text{km}", T), ("45^{\\circ}", "45", T), ("18.8^{\\circ}", "18.8", T),
+    ("\\text{ellipse}", "ellipse", T), ("\\text{ellipse}", "\\text{parabola}", F), ("2", "2 \\text{ units}", T),
+    ("16 \\sqrt{3}", "16\\sqrt{3} \\text{ square units}", T), ("12\\pi", "12\\pi \\text{ cm}^3", T),
+    ("\\text{even}", "\\text{odd}", F), ("120^\\circ", "120^\\circ.", T), ("76^\\circ", "67^\\circ", F),
+    # --- LaTeX noise
+    ("3", "\\displaystyle 3", T), ("\\frac{1}{2}", "\\left(\\frac{1}{2}\\right)", T), ("3", "$3$", T),
+    ("3", "3.", T), ("\\frac{1}{2}", "\\!\\frac{1}{2}", T), ("4", "\\,4\\,", T), ("3", "\\(3\\)", T),
+    ("\\frac{1}{2}", "\\displaystyle\\dfrac{1}{2}", T), ("52_8", "52_{8}", T), ("52_8", "52", T),
+    ("52_8", "42", F), ("4210_{5}", "4210_5", T), ("x^{2}", "x^2", T), ("\\left\\{ 1, 2 \\right\\}", "\\{1,2\\}", T),
+    # --- multiple-choice letters when the gold is a letter
+    ("\\text{(C)}", "C", T), ("C", "(C)", T), ("C", "\\textbf{(C)}", T), ("C", "(C) 12", T), ("C", "D", F),
+    ("(B)", "B", T), ("\\text{(E)}", "\\text{(E)}\\ 9", T), ("A", "B", F), ("B", "(B) $\\frac{1}{2}$", T),
+    # --- complex numbers
+    ("6 - 5i", "6-5i", T), ("6 - 5i", "6+5i", F), ("1+2i", "2i+1", T), ("-2 + 7i", "7i-2", T),
+    ("1+\\sqrt{3} i", "1+i\\sqrt{3}", T), ("-8-8 \\sqrt{3} i", "-8(1+\\sqrt3 i)", T), ("3", "3i", F),
+    ("1+274i", "1 + 274 i", T), ("\\frac{4 A}{3+3 i} e^{i t}", "\\frac{2A(1-i)}{3} e^{it}", T),
+    ("\\frac{e^{2 i t}}{(2+2 i)}", "\\frac{(1-i)e^{2it}}{4}", T),
+    # --- minerva-style (python-like) golds
+    ("-1./3", "-\\frac{1}{3}", T), ("-3./2", "-1.5", T), ("-1./3", "-0.3", F),
+    ("\\frac{1}{2a}(\\exp{a*t} - \\exp{-a*t})", "\\frac{\\sinh(at)}{a}", T),
+    ("\\frac{1}{2}(\\exp{a*t} + \\exp{-a*t})", "\\cosh(a t)", T),
+    ("2 \\cos (\\pi t+\\pi / 3)", "2\\cos(\\pi t + \\frac{\\pi}{3})", T),
+    ("\\sqrt{2} \\cos (2 t-\\pi / 4)", "\\cos 2t + \\sin 2t", T),
+    ("\\sqrt{2} \\cos (2 t-\\pi / 4)", "\\cos 2t - \\sin 2t", F),
+    ("I(0) e^{-\\frac{t}{R C}}", "I(0)e^{-t/(RC)}", T), ("x / 2-1 / 4+c e^{-2 x}", "\\frac{x}{2} - \\frac14 + ce^{-2x}", T),
+    ("\\frac{1}{s+a}", "(s+a)^{-1}", T), ("\\frac{1}{s+a}", "\\frac{1}{s-a}", F), ("1.6", "1.60", T),
+    ("41.8", "41.9", F), ("0.006", "6 \\times 10^{-3}", T), ("2.2 \\tau", "2.2\\tau", T),
+    ("\\frac{\\cos (2 t)}{15}", "\\frac{1}{15}\\cos 2t", T), ("m \\frac{d v}{d t}+b v=f", "m\\frac{dv}{dt} + bv = f", T),
+    # --- olympiad-style golds
+    ("(0,2),(0,-2),(4,23),(4,-23)", "(4,23), (4,-23), (0,2), (0,-2)", T), ("2^{1009}", "2^{1009}", T),
+    ("2^{1009}", "2^{1009}+1", F), ("\\frac{100!}{2^{50}}", "100!/2^{50}", T), ("\\frac{100!}{2^{50}}", "100!/2^{49}", F),
+    ("2021 \\cdot 505 \\cdot 337", "343943885", T), ("\\frac{4 \\cdot 999^{4}}{27}", "\\frac{4 \\times 999^4}{27}", T),
+    ("n^{2}-n+1", "n^2 - n + 1", T), ("\\frac{2016}{2017^{2}}", "2016/4068289", T),
+    ("(22+8 \\sqrt{6}, 22-8 \\sqrt{6}),(22-8 \\sqrt{6}, 22+8 \\sqrt{6})", "(22-8\\sqrt6, 22+8\\sqrt6), (22+8\\sqrt6, 22-8\\sqrt6)", T),
+    ("\\frac{1}{2},\\sqrt{x}", "\\sqrt{x}, 1/2", T), ("2^{-2 / 3}, 8", "8, \\frac{1}{\\sqrt[3]{4}}", T),
+    # --- large magnitudes that floats cannot separate
+    ("10^{100}", "10^{100}+1", F), ("\\sqrt{2} \\cdot 2^{60}", "\\sqrt{2}(2^{60}+1)", F),
+    ("x+2^{60}", "x+2^{60}+1", F), ("2^{2000}\\sqrt{2}", "2^{2000.5}", T), ("2^{2000}\\sqrt{2}", "2^{2001}", F),
+    ("9^{9^{9}}", "9^{9^{9}}", T), ("9^{9^{9}}", "9^{9^{9}}+1", F),
+]
+
+
+@pytest.mark.parametrize("gold,pred,same", PAIRS, ids=[f"{i}" for i in range(len(PAIRS))])
+def test_pairs(gold, pred, same):
+    assert verify(gold, pred) is same, (gold, pred)
+
+
+def test_pairs_table_is_broad():
+    assert len(PAIRS) >= 300
+    assert sum(1 for *_, s in PAIRS if not s) >= 100  # false positives matter as much
+
+
+# Equality is symmetric for the pairs where no side plays the gold's special role (letters, %, base).
+SYMMETRIC = [(g, p, s) for g, p, s in PAIRS if "%" not in g + p and "_8" not in g and g[:1] not in "\\(ABCDE"]
+
+
+@pytest.mark.parametrize("gold,pred,same", SYMMETRIC[::3])
+def test_pairs_symmetric(gold, pred, same):
+    assert verify(pred, gold) is same, (pred, gold)
+
+
+def test_relative_tolerance_is_configurable():
+    assert verify("\\frac{1}{3}", "0.333") is False
+    assert verify("\\frac{1}{3}", "0.333", rel_tol=1e-2) is True
+    assert verify("3.83e35", "3.8e35", rel_tol=1e-2) is True
+    assert verify("\\sqrt{2}", "1.41", rel_tol=1e-2) is True
+    assert verify("2", "1.41", rel_tol=1e-2) is False
+
+
+# ----------------------------------------------------------------------------- extraction
+EXTRACT = [
+    ("so the answer is $\\boxed{5}$.", "5"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("first \\boxed{3} then \\boxed{4}", "4"),
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+    ("\\fbox{7}", "7"),
+    ("The answer is \\boxed 5 and done", "5"),
+    ("$\\boxed{2}$ and $\\boxed{3}$", "2, 3"),
+    ("\\boxed{2} \\text{ or } \\boxed{3}", "2, 3"),
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}"),
+    ("nested \\boxed{\\frac{\\sqrt{3}}{\\{2\\}}} end", "\\frac{\\sqrt{3}}{\\{2\\}}"),
+    ("truncated \\boxed{1} and later \\boxed{\\frac{1}{2", "1"),
+    ("Final Answer: The final answer is $5$. I hope it is correct.", "5"),
+    ("The answer is: 42", "42"),
+    ("the final answer is 3.5.", "3.5"),
+    ("**Answer:** $x = 2$", "x = 2"),
+    ("The answer is\n\n$$\\frac{3}{4}$$", "\\frac{3}{4}"),
+    ("Janet sells 9 eggs.\n#### 18", "18"),
+    ("#### 1,600", "1,600"),
+    ("We get $x=1$ and then $y = 7$.", "y = 7"),
+    ("so \\(a+b\\) equals \\(12\\)", "12"),
+    ("<think>maybe \\boxed{3}</think> The answer is \\boxed{4}.", "4"),
+    ("<think>so \\boxed{3}</think> I am done.", "3"),
+    ("<think>\\boxed{3}\n", "3"),
+    ("no answer here", None),
+    ("", None),
+    ("\\boxed{}", None),
+    ("It costs $5 and $6", "5 and"),
+    ("$$x^2$$", "x^2"),
+]
+
+
+@pytest.mark.parametrize("text,expected", EXTRACT)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_extract_answer_rejects_non_strings():
+    with pytest.raises(TypeError, match="str"):
+        extract_answer(None)
+    with pytest.raises(TypeError, match="gold"):
+        verify(["1"], "1")
+
+
+def test_verify_whole_solutions_on_either_side():
+    sol = "We compute $2+3=5$. Therefore the answer is $\\boxed{5}$."
+    assert verify(sol, "5") and verify("5", sol) and verify(sol, sol)
+    assert not verify(sol, "The answer is $\\boxed{6}$.")
+    assert verify("\\frac{1}{2}", "Dividing, we get $\\frac{2}{4}$, i.e. the final answer is $0.5$.")
+    # a bare answer with dollar signs inside (Minerva writes some like this)
+    assert verify("x_{0} \\cos (\\omega t)+$ $\\dot{x}_{0} \\sin (\\omega t) / \\omega",
+                  "\\boxed{x_0\\cos(\\omega t) + \\dot{x}_0\\sin(\\omega t)/\\omega}")
+
+
+# ----------------------------------------------------------------------------- reward
+def test_math_reward():
+    assert math_reward("Thus $\\boxed{\\frac12}$.", "0.5") == 1.0
+    assert math_reward("Thus $\\boxed{3}$.", "0.5") == 0.0
+    assert math_reward("I do not know", "0.5") == 0.0
+    assert math_reward("Thus $\\boxed{3}$.", "0.5", format_reward=0.1) == 0.1
+    assert math_reward("I do not know", "0.5", no_answer_penalty=0.5) == -0.5
+    assert math_reward("Thus $\\boxed{\\frac12}$.", "0.5", format_reward=0.1, no_answer_penalty=1) == 1.0
+    assert math_reward("0.5", "0.5") == 0.0  # a bare response has no extractable answer: no credit
+    with pytest.raises(TypeError, match="response"):
+        math_reward(None, "1")
+
+
+def test_verify_in_threads():
+    """The deadline guard is per-thread; graders in a thread pool must not see each other's hooks."""
+    results = {}
+
+    def work(k):
+        results[k] = [verify(g, p) is s for g, p, s in PAIRS[k::4]]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(all(v) for v in results.values())
+
+
+# ----------------------------------------------------------------------------- robustness
+def _hostile_inputs(n, seed=0):
+    rng = random.Random(seed)
+    fixed = [
+        "9^{9^{9^{9}}}", "10^{10^{10}}!", "(10^{10^{10}})!", "2^{2^{2^{2^{2^{2}}}}}", "10^{10^{10^{10}}}",
+        "\\frac{1}{0}", "0^0", "0^{-1}", "(-1)^{1/2}", "\\sqrt[0]{2}", "\\log 0", "\\log_1 5", "1/0!",
+        "{" * 5000 + "1" + "}" * 5000, "(" * 3000 + "1" + ")" * 3000, "(" * 3000, "\\boxed{" * 3000,
+        "\\frac{" * 2000, "\\sqrt{" * 2000 + "2" + "}" * 2000, "x" * 100_000, "1" * 100_000,
+        "$" * 100_000, "\\boxed{" + "1+" * 50_000 + "1}", "{" * 100_000, "}" * 100_000,
+        "\\left(" * 10_000, "a^" * 5000 + "a", "-" * 10_000 + "1", "!" * 10_000, "1" + "!" * 200,
+        "100000!", "1000000!", "\\binom{10^{9}}{5 \\cdot 10^{8}}", "\\sin(10^{300})", "e^{e^{e^{e^{10}}}}",
+        "\\tan(\\pi/2)", "10^{-10^{10}}", "1e999999", "1e-999999", "9" * 5000 + "^" + "9" * 5000,
+        "\\underbrace{", "\\begin{pmatrix}" * 500, "&" * 5000, "\\\\" * 5000, "\\text{" * 3000,
+        "the answer is " * 20_000, "####" * 20_000, "\\boxed " * 20_000, "<think>" * 10_000,
+        "\\pm" * 1000, "," * 50_000, "(1," * 5000, "[0,1)" * 5000, "\\cup" * 5000, "=" * 5000,
+        "x = " * 5000, "1 < " * 3000 + "x", "\\sqrt[3]{" * 500, "2^{" * 3000, "\\frac12" * 10_000,
+        "(x+1)^{100000}", "(x+y+z)^{300}", "x^{10^{10}}", "\\lfloor" * 1000, "|" * 5001, "\\|" * 3000,
+        "\ud800", "\x00" * 1000, "🙂" * 10_000,
+    ]
+    atoms = ["1", "2", "9", "x", "n", "\\pi", "e", "i", "^", "_", "{", "}", "(", ")", "[", "]", "\\frac",
+             "\\sqrt", "\\boxed{", "$", "!", "+", "-", "*", "/", ",", "=", "<", "\\le", "\\infty", "\\cdot",
+             "\\times", "10^{", "9^", "\\sin", "\\log", "\\text{", "\\left(", "\\right)", "\\pm", "&", "\\\\",
+             "\\begin{pmatrix}", "\\end{pmatrix}", "|", "\\lfloor", "\\binom", "%", "^\\circ", " ", ".", "e5"]
+    out = list(fixed)
+    while len(out) < n:
+        kind = rng.random()
+        if kind < 0.45:
+            out.append("".join(rng.choice(atoms) for _ in range(rng.randint(1, 120))))
+        elif kind < 0.6:
+            out.append("".join(chr(rng.randint(0, 0x2FFFF)) for _ in range(rng.randint(1, 200))))
+        elif kind < 0.75:  # towers and factorials of random heights
+            d = rng.randint(2, 6)
+            out.append("".join(f"{rng.randint(2, 99)}^{{" for _ in range(d)) + "9" + "}" * d + rng.choice(["", "!", "+1"]))
+        elif kind < 0.9:
+            out.append("\\boxed{" + "".join(rng.choice(atoms) for _ in range(rng.randint(1, 60))) + "}")
+        else:
+            out.append(rng.choice(fixed)[: rng.randint(1, 5000)] + rng.choice(atoms))
+    return out[:n]
+
+
+def test_fuzz_hostile_inputs_never_raise_or_hang():
+    inputs = _hostile_inputs(2000)
+    golds = ["9^{9^{9}}", "\\frac{1}{2}", "x^2+1", "(1,2)", "10^{10^{10}}!", "2"]
+    times = []
+    for k, s in enumerate(inputs):
+        t0 = time.perf_counter()
+        ans = extract_answer(s)
+        assert ans is None or isinstance(ans, str)
+        assert isinstance(verify(golds[k % len(golds)], s), bool)
+        assert isinstance(verify(s, golds[k % len(golds)]), bool)
+        assert isinstance(math_reward(s, golds[k % len(golds)]), float)
+        times.append(time.perf_counter() - t0)
+    assert max(times) < 2.0, (max(times), inputs[times.index(max(times))][:200])
+    assert sum(times) / len(times) < 0.05, sum(times) / len(times)
+
+
+# ----------------------------------------------------------------------------- benchmark files
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"benchmark files not found at {DATA}")
+def test_every_gold_answer_verifies_against_itself_and_its_solution():
+    """Every gold answer of every benchmark file verifies against itself, a boxed response with it,
+    its `answer_raw` (AIME `025`, AMC `27.0`, GSM8K `1,600`, OlympiadBench `$...$`), its solution's
+    extracted answer where the solution has one, and GSM8K's `#### ` form."""
+    failures, checked = [], 0
+    for name in sorted(os.listdir(DATA)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(DATA, name), encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        for row in rows:
+            gold = row["answer"]
+            preds = [gold, f"Hence the final answer is $\\boxed{{{gold}}}$."]
+            if "answer_raw" in row:
+                preds.append(str(row["answer_raw"]))
+            sol = row.get("solution") or ""
+            if "\\boxed" in sol or "\\fbox" in sol:
+                preds.append(sol)
+            if name.startswith("gsm8k"):
+                preds.append(f"{sol}\n#### {row.get('answer_raw', gold)}")
+            for p in preds:
+                checked += 1
+                if not verify(gold, p):
+                    failures.append((name, gold, p[-200:]))
+    assert checked > 20_000
+    assert not failures, f"{len(failures)} of {checked} failed, e.g. {failures[:5]}"
