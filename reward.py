@@ -207,6 +207,15 @@ def _unwrap_text(s):
     return s
 
 
+def _repeating(m):
+    """`a.b\\overline{c}` (c repeating) as an exact \\frac."""
+    a, b, c = m.group(1) or "0", m.group(2), m.group(3)
+    if len(b) + len(c) > 50:
+        return m.group()
+    num, den = int(a + b + c) - int(a + b), 10 ** len(b) * (10 ** len(c) - 1)
+    return f"\\frac{{{num}}}{{{den}}}"
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def _clean(s):
     """Canonical form of an answer string: (cleaned text, percent?, degrees?)."""
@@ -231,6 +240,8 @@ def _clean(s):
     s = re.sub(r"\\rangle(?![a-zA-Z])", ")", s)
     s = re.sub(r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime(?![a-zA-Z])", "'", s)
     s = re.sub(r"\b(?:np|math|sp|sympy)\.", "", s)
+    s = re.sub(r"(\d*)\.(\d*)\\overline\s*\{(\d+)\}", _repeating, s)
+    s = re.sub(r"\\mathbb\s*\{?R\}?", r"(-\\infty,\\infty)", s)
     s = _unwrap_text(s)
     s, deg = re.subn(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|°|"
                      r"\\degree(?![a-zA-Z])|\bdegrees?\s*$", " ", s)
@@ -246,6 +257,9 @@ def _clean(s):
             break
         s = before.rstrip(" ,;:")
     s = re.sub(r"\binfinity\b|\\infinity|\+\s*\\infty", r"\\infty", s)
+    if "\\approx" in s or "≈" in s:  # `x \approx 3.14` -> 3.14, `\frac{1}{3} \approx 0.33` -> \frac{1}{3}
+        lhs, rhs = re.split(r"\\approx|≈", s, maxsplit=1)
+        s = rhs.strip() if not lhs.strip() or _SIMPLE_LHS.fullmatch(lhs.strip()) else lhs.strip()
     if _THOUSANDS.fullmatch(s):
         s = s.replace(",", "")
     s = re.sub(r",\s*,", ",", s).strip(" ,;:").rstrip(". ")
@@ -335,12 +349,17 @@ def _structure(s):
     if m:
         rows = [r for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
         return ("mat", tuple(tuple(_structure(c) for c in r.split("&")) for r in rows))
-    m = re.match(r"(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*(?:\\in|=|:)\s*(?=[(\[{\\])", s)
+    m = re.match(r"(?:[a-zA-Z]|\\[a-zA-Z]+|\([a-zA-Z, ]+\))(?:_\{?\w+\}?)?\s*(?:\\in|=|:)\s*(?=[(\[{\\])", s)
     if m and _enclosed(s[m.end():].replace("\\{", "{").replace("\\}", "}")):
-        s = s[m.end():]  # x \in [2, 5],  S = \{1, 2\}
+        s = s[m.end():]  # x \in [2, 5],  S = \{1, 2\},  (x, y) = (1, 2)
+    if s.startswith("{") and _enclosed(s):
+        return _structure(s[1:-1])  # a LaTeX group: {1,2,3} renders as 1,2,3
     union = _split_top(s, "\\cup")
     if len(union) > 1:
-        return ("union", tuple(_structure(u) for u in union))
+        parts = tuple(_structure(u) for u in union)
+        if all(u[0] == "set" for u in parts):  # {1,2} \cup {3} = {1,2,3}
+            return ("set", tuple(x for u in parts for x in u[1]))
+        return ("union", parts)
     items = _split_top(s)
     if len(items) > 1:
         return ("list", _flat(items))
@@ -395,6 +414,10 @@ def _as_vector(x):
 def _struct_equal(g, p, ctx):
     """Compare two structures; tuples ordered, sets/lists/unions unordered."""
     eq = functools.partial(_struct_equal, ctx=ctx)
+    if g[0] in ("set", "list") and len(g[1]) == 1 and p[0] not in ("set", "list"):
+        g = g[1][0]  # {3} vs 3
+    if p[0] in ("set", "list") and len(p[1]) == 1 and g[0] not in ("set", "list"):
+        p = p[1][0]
     gk, pk = g[0], p[0]
     if gk == "expr" and pk == "expr":
         return _scalar_equal(g[1], p[1], ctx)
@@ -408,7 +431,7 @@ def _struct_equal(g, p, ctx):
         return g[1] == p[1] and len(g[2]) == len(p[2]) and all(map(eq, g[2], p[2]))
     if gk == "seq" and pk == "list" and g[1] == "()":  # (3, 2) vs 3, 2
         return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
-    if gk in ("list", "set") and (pk in ("list", "set") or pk == "seq" and p[1] == "()"):
+    if gk in ("list", "set") and (pk in ("list", "set") or pk == "seq" and p[1] in ("()", "[]")):
         return _match_unordered(g[1], p[-1], eq)
     if gk == "union" and pk == "union":
         return _match_unordered(g[1], p[1], eq)
@@ -427,6 +450,11 @@ def _split_eq(s):
     return (parts[0], parts[-1]) if len(parts) > 1 and parts[0] and parts[-1] else (None, s)
 
 
+def _constant(s):
+    t = _parse(s)
+    return t is not None and not t[2]
+
+
 def _scalar_equal(g, p, ctx):
     gk, pk = _key(g), _key(p)
     if gk == pk:
@@ -438,8 +466,9 @@ def _scalar_equal(g, p, ctx):
         return g.lower().replace(" ", "") == p.lower().replace(" ", "")
     gl, gr = _split_eq(g)
     pl, pr = _split_eq(p)
-    g_simple = gl is not None and _SIMPLE_LHS.fullmatch(gl)
-    p_simple = pl is not None and _SIMPLE_LHS.fullmatch(pl)
+    # `x = 5` and `2 + 3 = 5` stand for their right side; `x + y = 5` is an equation
+    g_simple = gl is not None and (_SIMPLE_LHS.fullmatch(gl) or _constant(gl))
+    p_simple = pl is not None and (_SIMPLE_LHS.fullmatch(pl) or _constant(pl))
     if gl is not None and pl is not None:
         if g_simple and p_simple and _key(gl) == _key(pl) and _value_equal(gr, pr, ctx):
             return True
