@@ -1,0 +1,409 @@
+"""eval.py: judge a checkpoint on math benchmarks (accuracy, pass@k, maj@k) with one command.
+
+    python eval.py --ckpt runs/tepo/step_000200 --data-dir ../shared/data \\
+        [--benchmarks math500,aime24,...] [--data FILE ...] [--n 16] [--temperature 0.6]
+        [--top-p 0.95] [--max-tokens N] [--k 1,8,16] [--greedy] [--seed 0] [--out results.json]
+    torchrun --nproc_per_node 8 eval.py --ckpt ... -n 16  # problems sharded over ranks; write
+                                                          # -n (torchrun takes --n for its own)
+
+Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
+else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
+BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is rollout.build_prompt with
+the checkpoint's own `prompt_template` (from train_config.yaml, which train.py writes into every
+checkpoint), so a checkpoint is evaluated the way it was trained; --max-tokens defaults to its
+`max_new_tokens` (else 4096). Prompt plus response never exceed the model's context
+(`max_position_embeddings`): a response that hits it counts as truncated, and a problem whose prompt
+alone fills it gets n empty, wrong samples (counted as `prompt_too_long`), so the denominator stays
+the benchmark's.
+
+Metrics per benchmark (each a mean over problems, as fractions in results.json):
+  accuracy  avg@n: the mean correctness of all n samples (equals pass@1);
+  pass@k    the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k), c correct of n;
+  maj@k     majority vote over the extracted answers of the FIRST k samples (see majority_vote);
+plus the mean response length in tokens and the truncation rate (responses cut by the token limit).
+Outputs: a table on the console, results.json (--out, default CKPT/eval/results.json) and, beside
+it, <out>_samples.jsonl with one graded line per sample that anyone can re-grade.
+
+Reproducibility: the problems of a benchmark are cut into fixed chunks of --chunk-size problems
+(default: ceil(512 / n)); one generate call samples one chunk, seeded by (seed, benchmark, chunk).
+Chunks are dealt to ranks round-robin, so every chunk is sampled by the same call whatever the
+number of ranks: the same seed gives the same numbers on 1 or 8 ranks.
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+from fractions import Fraction
+
+import torch
+import torch.distributed as dist
+import yaml
+from tqdm import tqdm
+
+import reward
+import rollout
+
+# Benchmark name -> file name in --data-dir (the schema and names of ../shared/data).
+BENCHMARKS = {"math500": "math500.jsonl", "aime24": "aime24.jsonl", "aime25": "aime25.jsonl",
+              "amc23": "amc23.jsonl", "minerva": "minerva_math.jsonl",
+              "olympiadbench": "olympiadbench.jsonl", "gsm8k": "gsm8k_test.jsonl"}
+DEFAULT_K = (1, 8, 16)
+SEQS_PER_CALL = 512  # default chunk: about this many sequences (problems x n) per generate call
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k of one problem with c correct among n samples: 1 - C(n-c, k) / C(n, k).
+
+    The probability that a random k-subset of the n samples holds a correct one (Chen et al.
+    2021); computed with exact integers, so it is exact for any n.
+    """
+    if not (isinstance(n, int) and isinstance(c, int) and isinstance(k, int)):
+        raise TypeError(f"pass_at_k takes ints, got n={n!r}, c={c!r}, k={k!r}")
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
+
+
+def majority_vote(answers, same=reward.verify):
+    """Index of the sample whose answer wins the vote among `answers` (str or None), or None.
+
+    Answers are grouped into clusters in order: an answer joins the first cluster whose first
+    answer (its representative) it equals as a string or by `same(representative, answer)`;
+    None (no answer extracted) casts no vote. The largest cluster wins; among tied clusters the
+    one whose first answer comes first wins. Returns the index of the winner's representative.
+    """
+    reps, votes = [], []  # representative sample index and vote count per cluster
+    for i, a in enumerate(answers):
+        if a is None:
+            continue
+        for j, r in enumerate(reps):
+            if a == answers[r] or same(answers[r], a):
+                votes[j] += 1
+                break
+        else:
+            reps.append(i)
+            votes.append(1)
+    if not reps:
+        return None
+    best = max(range(len(reps)), key=lambda j: (votes[j], -j))  # ties: the earliest cluster
+    return reps[best]
+
+
+def maj_at_k(answers, correct, k, same=reward.verify):
+    """maj@k of one problem: whether the majority answer of the first k samples is correct.
+
+    `answers` (str or None) and `correct` (bool) are per sample, in sample order; the winner is
+    majority_vote's, and its correctness is that of its representative sample. No answer at all
+    is wrong.
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"maj_at_k: {len(answers)} answers but {len(correct)} correctness flags")
+    if not 1 <= k <= len(answers):
+        raise ValueError(f"maj_at_k needs 1 <= k <= {len(answers)} samples, got k={k}")
+    winner = majority_vote(answers[:k], same)
+    return winner is not None and bool(correct[winner])
+
+
+def problem_metrics(samples, ks):
+    """Per-problem numbers from its graded samples (dicts with answer, correct, tokens, finish)."""
+    n, c = len(samples), sum(s["correct"] for s in samples)
+    answers, correct = [s["answer"] for s in samples], [s["correct"] for s in samples]
+    out = {"accuracy": c / n}
+    out.update({f"pass@{k}": pass_at_k(n, c, k) for k in ks})
+    out.update({f"maj@{k}": float(maj_at_k(answers, correct, k)) for k in ks})
+    return out
+
+
+def summarize(problems, ks):
+    """Benchmark metrics: the mean of each per-problem metric, response length and truncation."""
+    keys = ["accuracy"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
+    out = {"problems": len(problems), "n": len(problems[0]["samples"])}
+    out.update({key: sum(p["metrics"][key] for p in problems) / len(problems) for key in keys})
+    gen = [s for p in problems for s in p["samples"] if s["finish_reason"] != "prompt_too_long"]
+    out["mean_response_tokens"] = sum(s["tokens"] for s in gen) / max(len(gen), 1)
+    out["truncation_rate"] = sum(s["finish_reason"] == "length" for s in gen) / max(len(gen), 1)
+    out["prompt_too_long"] = sum(p["samples"][0]["finish_reason"] == "prompt_too_long"
+                                 for p in problems)
+    out["generated_tokens"] = sum(s["tokens"] for s in gen)
+    return out
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def available_benchmarks(data_dir):
+    """{name: path} of every benchmark in `data_dir`: the BENCHMARKS names and all file stems."""
+    found = {}
+    if os.path.isdir(data_dir):
+        for f in sorted(os.listdir(data_dir)):
+            if f.endswith(".jsonl"):
+                found[f[:-len(".jsonl")]] = os.path.join(data_dir, f)
+    for name, f in BENCHMARKS.items():
+        if os.path.isfile(os.path.join(data_dir, f)):
+            found[name] = os.path.join(data_dir, f)
+    return found
+
+
+def train_config(ckpt):
+    """The run config train.py saved into the checkpoint (train_config.yaml), or {}."""
+    path = os.path.join(ckpt, "train_config.yaml")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def context_length(ckpt):
+    """The model's context (max_position_embeddings of config.json), or None if it has none."""
+    with open(os.path.join(ckpt, "config.json")) as f:
+        cfg = json.load(f)
+    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model's
+    return cfg.get("max_position_embeddings")
+
+
+def parse_args(argv=None):
+    """Parse and check the command line; bad input exits with a message naming the problem."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ckpt", required=True, help="transformers-format model directory")
+    ap.add_argument("--benchmarks", help="comma-separated names (default: all of BENCHMARKS, or "
+                                         "none when --data is given)")
+    ap.add_argument("--data-dir", default=os.environ.get("TEPO_DATA_DIR", "data"),
+                    help="where benchmark files are found (default: $TEPO_DATA_DIR, else data/)")
+    ap.add_argument("--data", nargs="+", default=[], metavar="FILE",
+                    help="extra JSONL benchmark files, named by their stem")
+    # -n / --num-samples: under torchrun, whose parser takes `--n` for an abbreviation of its own.
+    ap.add_argument("-n", "--n", "--num-samples", dest="n", type=int,
+                    help="samples per problem (default 16; 1 with --greedy)")
+    ap.add_argument("--temperature", type=float, default=0.6)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--max-tokens", type=int,
+                    help="response budget (default: the checkpoint's max_new_tokens, else 4096)")
+    ap.add_argument("--k", help="comma-separated k of pass@k and maj@k (default: 1,8,16 up to n, "
+                                "and n)")
+    ap.add_argument("--greedy", action="store_true", help="temperature 0, n = 1, k = 1")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-template", help="'{problem}' template overriding the checkpoint's; "
+                                              "'default' for the chat template (or plain)")
+    ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--chunk-size", type=int, help="problems per generate call "
+                                                   "(default: ceil(512 / n)); part of the seed")
+    ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json)")
+    args = ap.parse_args(argv)
+
+    if not os.path.isfile(os.path.join(args.ckpt, "config.json")):
+        hint = ""
+        if os.path.isdir(args.ckpt):
+            steps = sorted(d for d in os.listdir(args.ckpt) if d.startswith("step_"))
+            hint = f" (it holds checkpoints; the latest is {os.path.join(args.ckpt, steps[-1])})" \
+                if steps else " (no config.json in it)"
+        ap.error(f"checkpoint not found: {args.ckpt}{hint}")
+    found = available_benchmarks(args.data_dir)
+    names = args.benchmarks.split(",") if args.benchmarks else ([] if args.data else
+                                                                list(BENCHMARKS))
+    unknown = [b for b in names if b.strip() not in found]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown} in --data-dir {args.data_dir}; found: "
+                 f"{sorted(found) or 'no .jsonl files'}")
+    args.files = {b.strip(): found[b.strip()] for b in names}
+    for f in args.data:
+        if not os.path.isfile(f):
+            ap.error(f"--data file not found: {f}")
+        args.files[os.path.splitext(os.path.basename(f))[0]] = f
+
+    cfg = train_config(args.ckpt)
+    if args.greedy:
+        if args.n not in (None, 1):
+            ap.error(f"--greedy samples once per problem; got --n {args.n}")
+        args.n, args.temperature, args.top_p = 1, 0.0, 1.0
+    args.n = 16 if args.n is None else args.n
+    if args.n < 1:
+        ap.error(f"--n must be >= 1, got {args.n}")
+    if args.temperature == 0 and args.n > 1:
+        ap.error("temperature 0 gives n identical samples: use --greedy (n = 1)")
+    try:
+        ks = [int(k) for k in args.k.split(",")] if args.k else \
+            sorted({k for k in DEFAULT_K if k <= args.n} | {args.n})
+    except ValueError:
+        ap.error(f"--k must be comma-separated integers, got {args.k!r}")
+    bad = [k for k in ks if not 1 <= k <= args.n]
+    if bad:
+        ap.error(f"--k {bad}: every k must be between 1 and n = {args.n} (samples per problem)")
+    args.ks = sorted(set(ks))
+    args.max_tokens = args.max_tokens or cfg.get("max_new_tokens") or 4096
+    if args.max_tokens < 1:
+        ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    template = args.prompt_template if args.prompt_template is not None else \
+        cfg.get("prompt_template")
+    if template is not None and template != "default" and "{problem}" not in template:
+        ap.error(f"--prompt-template must contain '{{problem}}', got {template!r}")
+    args.template = None if template == "default" else template
+    args.chunk_size = args.chunk_size or math.ceil(SEQS_PER_CALL / args.n)
+    if args.chunk_size < 1:
+        ap.error(f"--chunk-size must be >= 1, got {args.chunk_size}")
+    args.out = args.out or os.path.join(args.ckpt, "eval", "results.json")
+    return args
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def chunk_seed(seed, benchmark, chunk):
+    """A 31-bit sampling seed for one chunk of one benchmark, independent of the rank."""
+    digest = hashlib.blake2b(f"{seed}:{benchmark}:{chunk}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 2**31
+
+
+def grade(text, gold):
+    """(extracted answer or None, correct): reward.py's grading, as math_reward does it."""
+    try:
+        answer = reward.extract_answer(text)
+    except Exception:
+        answer = None
+    return answer, answer is not None and reward.verify(gold, answer)
+
+
+def my_chunks(n_problems, chunk_size, rank, world):
+    """[(chunk number, problem indices)] of the chunks this rank samples: every world-th one."""
+    return [(c, list(range(c * chunk_size, min((c + 1) * chunk_size, n_problems))))
+            for c in range(rank, math.ceil(n_problems / chunk_size), world)]
+
+
+def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world, clock, bar):
+    """Sample and grade this rank's chunks of one benchmark; returns its problem records.
+
+    Each record: {"index", "problem", "gold", "samples": [...], "metrics": {...}}. Problems
+    whose prompt leaves no room to generate get n empty, wrong samples (finish "prompt_too_long").
+    """
+    records = []
+    for c, idx in my_chunks(len(rows), args.chunk_size, rank, world):
+        fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
+        t = time.time()
+        outs = dict(zip(fits, engine.generate(
+            [prompt_ids[i] for i in fits], n=args.n, max_tokens=args.max_tokens,
+            temperature=args.temperature, top_p=args.top_p,
+            seed=chunk_seed(args.seed, name, c)))) if fits else {}
+        clock["generate_s"] += time.time() - t
+        for i in idx:
+            samples = []
+            for s in outs.get(i, [None] * args.n):
+                text = s.text if s else ""
+                answer, correct = grade(text, rows[i]["answer"]) if s else (None, False)
+                samples.append({"response": text, "answer": answer, "correct": bool(correct),
+                                "tokens": len(s.response_ids) if s else 0,
+                                "finish_reason": s.finish_reason if s else "prompt_too_long"})
+            records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
+                            "samples": samples, "metrics": problem_metrics(samples, args.ks)})
+        bar.update(len(idx))
+    return records
+
+
+def setup_distributed():
+    """(rank, world): join torchrun's group when launched by it (gloo on CPU, nccl on GPU)."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def gather(records, world):
+    """Rank 0 gets every rank's records in problem order; other ranks get None."""
+    if world == 1:
+        return records
+    parts = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(records, parts, dst=0)
+    return sorted((r for p in parts for r in p), key=lambda r: r["index"]) if parts else None
+
+
+# ----------------------------------------------------------------------------- main
+
+def print_table(results, ks):
+    cols = ["accuracy"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
+    head = f"{'benchmark':<16}{'problems':>9}{'n':>5}" + "".join(f"{c:>10}" for c in cols) + \
+        f"{'tokens':>9}{'trunc':>8}"
+    print(head + "\n" + "-" * len(head))
+    for name, m in results.items():
+        print(f"{name:<16}{m['problems']:>9}{m['n']:>5}" +
+              "".join(f"{100 * m[c]:>10.1f}" for c in cols) +
+              f"{m['mean_response_tokens']:>9.0f}{100 * m['truncation_rate']:>7.1f}%")
+
+
+def main(argv=None):
+    """Run the evaluation; rank 0 writes the outputs and returns the results dict."""
+    t_start = time.time()
+    args = parse_args(argv)
+    rank, world = setup_distributed()
+    if rank == 0:  # an unwritable --out fails now, not after the evaluation
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(args.ckpt)
+    data = {name: rollout.load_problems(path) for name, path in args.files.items()}
+    prompts = {name: [tokenizer(rollout.build_prompt(tokenizer, r["problem"], args.template),
+                                add_special_tokens=True)["input_ids"] for r in rows]
+               for name, rows in data.items()}  # tokenized as rollout tokenizes a text prompt
+    context = context_length(args.ckpt)
+    longest = max(len(p) for ps in prompts.values() for p in ps)
+    max_model_len = longest + args.max_tokens if context is None else \
+        min(context, longest + args.max_tokens)
+    engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
+                                 max_model_len=max_model_len, seed=args.seed)
+    # rollout seeds prompt i of a call from (seed, engine rank, i); eval's seeds are per chunk and
+    # must not depend on which rank samples the chunk.
+    engine.rank = 0
+    t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
+    for name, rows in data.items():
+        mine = sum(len(idx) for _, idx in my_chunks(len(rows), args.chunk_size, rank, world))
+        bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
+                   unit="problem", disable=rank != 0)
+        records = gather(sample_benchmark(engine, name, rows, prompts[name], args,
+                                          max_model_len, rank, world, clock, bar), world)
+        bar.close()
+        if rank == 0:
+            results[name], all_records[name] = summarize(records, args.ks), records
+            if results[name]["prompt_too_long"]:
+                print(f"warning: {name}: {results[name]['prompt_too_long']} prompts do not fit the "
+                      f"context of {max_model_len} tokens; their samples count as wrong")
+    t_end = time.time()
+    if rank != 0:
+        dist.destroy_process_group()
+        return None
+    tokens = sum(m["generated_tokens"] for m in results.values())
+    problems = sum(m["problems"] for m in results.values())
+    samples_path = os.path.splitext(args.out)[0] + "_samples.jsonl"
+    out = {"ckpt": os.path.abspath(args.ckpt), "benchmarks": results,
+           "config": {"n": args.n, "k": args.ks, "temperature": args.temperature,
+                      "top_p": args.top_p, "max_tokens": args.max_tokens,
+                      "max_model_len": max_model_len, "greedy": args.greedy, "seed": args.seed,
+                      "prompt_template": args.template, "backend": args.backend,
+                      "chunk_size": args.chunk_size, "world_size": world,
+                      "files": {k: os.path.abspath(v) for k, v in args.files.items()}},
+           "timing": {"total_s": t_end - t_start, "eval_s": t_end - t_sample,
+                      "rank0_generate_s": clock["generate_s"],
+                      "problems_per_s": problems / (t_end - t_sample),
+                      "generated_tokens_per_s": tokens / (t_end - t_sample)},
+           "samples_file": os.path.abspath(samples_path)}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=2)
+    with open(samples_path, "w", encoding="utf-8") as f:
+        for name, records in all_records.items():
+            for r in records:
+                for j, s in enumerate(r["samples"]):
+                    f.write(json.dumps({"benchmark": name, "index": r["index"], "sample": j,
+                                        "problem": r["problem"], "gold": r["gold"], **s}) + "\n")
+    print_table(results, args.ks)
+    t = out["timing"]
+    print(f"{problems} problems, {tokens} generated tokens in {t['eval_s']:.1f}s "
+          f"({t['problems_per_s']:.2f} problems/s, {t['generated_tokens_per_s']:.0f} tokens/s; "
+          f"{t['total_s']:.1f}s with start-up) on {world} rank(s)\nwrote {args.out} and "
+          f"{samples_path}")
+    if world > 1:
+        dist.destroy_process_group()
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""eval.py: pass@k and maj@k against independent references, the CLI's errors, and end-to-end runs
+on a tiny model that the tests teach to answer \\boxed{7} or \\boxed{8} at random (so that
+accuracy, pass@k and maj@k are neither 0 nor 1)."""
+import itertools
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+import yaml
+
+import eval as ev
+import reward
+from demo import make_tiny_model, pretrain
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = "Q: {problem}\nA: "
+
+
+# ----------------------------------------------------------------------------- pass@k, maj@k
+
+def brute_pass_at_k(n, c, k):
+    """The fraction of all k-subsets of n samples (c of them correct) holding a correct one."""
+    flags = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return Fraction(sum(any(flags[i] for i in s) for s in subsets), len(subsets))
+
+
+def test_pass_at_k_equals_enumeration_over_subsets():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert ev.pass_at_k(n, c, k) == pytest.approx(float(brute_pass_at_k(n, c, k)),
+                                                              abs=1e-15), (n, c, k)
+    assert ev.pass_at_k(5, 2, 2) == pytest.approx(0.7)        # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    assert ev.pass_at_k(16, 3, 1) == pytest.approx(3 / 16)    # pass@1 is the mean correctness
+    assert ev.pass_at_k(64, 1, 32) == pytest.approx(0.5)      # exact for large n too
+
+
+def test_pass_at_k_rejects_bad_input():
+    for n, c, k in [(4, 1, 5), (4, 5, 1), (4, -1, 1), (4, 1, 0)]:
+        with pytest.raises(ValueError, match="pass_at_k needs"):
+            ev.pass_at_k(n, c, k)
+    with pytest.raises(TypeError):
+        ev.pass_at_k(4.0, 1, 1)
+
+
+def test_maj_at_k_hand_made_cases():
+    T, F = True, False
+    assert ev.maj_at_k(["7", "8", "7"], [T, F, T], 3)
+    assert ev.maj_at_k(["8", "7", "7"], [F, T, T], 3)
+    assert not ev.maj_at_k(["8", "7", "7"], [F, T, T], 1)      # only the first k samples vote
+    # ties: the cluster whose first answer comes first wins
+    assert not ev.maj_at_k(["8", "7"], [F, T], 2)
+    assert ev.maj_at_k(["7", "8"], [T, F], 2)
+    assert not ev.maj_at_k(["8", "7", "7", "8"], [F, T, T, F], 4)
+    # equal answers are grouped by reward.verify: 1/2 = 0.5 = \dfrac12 outvote 1/3
+    half = ["1/3", "\\frac{1}{2}", "0.5", "\\dfrac12"]
+    correct = [reward.verify("1/2", a) for a in half]
+    assert correct == [F, T, T, T]
+    assert ev.majority_vote(half) == 1
+    assert ev.maj_at_k(half, correct, 4)
+    assert not ev.maj_at_k(half, correct, 2)                    # a 1-1 tie: 1/3 came first
+    # no extracted answer casts no vote; no answer at all is wrong
+    assert not ev.maj_at_k([None, None, "8", None], [F, F, F, F], 4)
+    assert ev.maj_at_k([None, None, "7", "8"], [F, F, T, F], 4)
+    assert ev.majority_vote([None, None]) is None
+    assert not ev.maj_at_k([None, None], [F, F], 2)
+    # the grouping function is a parameter
+    same_case = lambda a, b: a.lower() == b.lower()
+    assert ev.majority_vote(["a", "B", "b"], same=same_case) == 1
+    with pytest.raises(ValueError, match="1 <= k <= 2"):
+        ev.maj_at_k(["7", "8"], [T, F], 3)
+    with pytest.raises(ValueError, match="2 answers but 1"):
+        ev.maj_at_k(["7", "8"], [T], 1)
+
+
+def test_summarize_means_over_problems():
+    def s(correct, tokens, finish="stop"):
+        return {"answer": "7" if correct else "8", "correct": correct, "tokens": tokens,
+                "finish_reason": finish}
+    problems = [{"samples": [s(True, 10), s(False, 20, "length")]},
+                {"samples": [s(False, 30), s(False, 40, "length")]},
+                {"samples": [s(False, 0, "prompt_too_long")] * 2}]
+    for p in problems:
+        p["metrics"] = ev.problem_metrics(p["samples"], [1, 2])
+    m = ev.summarize(problems, [1, 2])
+    assert m["problems"] == 3 and m["n"] == 2 and m["prompt_too_long"] == 1
+    assert m["accuracy"] == pytest.approx(0.5 / 3) and m["pass@2"] == pytest.approx(1 / 3)
+    assert m["maj@1"] == pytest.approx(1 / 3) and m["maj@2"] == pytest.approx(1 / 3)
+    assert m["mean_response_tokens"] == 25 and m["truncation_rate"] == 0.5  # generated samples only
+
+
+# ----------------------------------------------------------------------------- the command line
+
+@pytest.fixture
+def fake_ckpt(tmp_path):
+    """A directory that passes eval's checkpoint check (config.json), with a train_config.yaml."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    (d / "train_config.yaml").write_text(yaml.safe_dump({"prompt_template": "P {problem}",
+                                                         "max_new_tokens": 77}))
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in ("math500.jsonl", "minerva_math.jsonl", "mine.jsonl"):
+        (data / f).write_text('{"problem": "1+1?", "answer": "2"}\n')
+    return str(d), str(data)
+
+
+def cli_error(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        ev.parse_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_defaults_and_checkpoint_settings(fake_ckpt):
+    ckpt, data = fake_ckpt
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500,minerva,mine",
+                       "-n", "4"])
+    assert a.files == {"math500": f"{data}/math500.jsonl", "minerva": f"{data}/minerva_math.jsonl",
+                       "mine": f"{data}/mine.jsonl"}
+    assert a.ks == [1, 4] and a.template == "P {problem}" and a.max_tokens == 77
+    assert a.chunk_size == 128 and a.temperature == 0.6 and a.top_p == 0.95
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500", "--greedy",
+                       "--prompt-template", "default", "--max-tokens", "9"])
+    assert (a.n, a.temperature, a.ks, a.template, a.max_tokens) == (1, 0.0, [1], None, 9)
+    a = ev.parse_args(["--ckpt", ckpt, "--data", f"{data}/mine.jsonl", "--n", "16", "--k", "8,1"])
+    assert a.files == {"mine": f"{data}/mine.jsonl"} and a.ks == [1, 8] and a.n == 16
+    assert a.out == os.path.join(ckpt, "eval", "results.json")
+
+
+def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
+    ckpt, data = fake_ckpt
+    err = cli_error(capsys, ["--ckpt", str(tmp_path / "nope"), "--data-dir", data])
+    assert "checkpoint not found" in err and "nope" in err
+    run = tmp_path / "run"
+    (run / "step_000010").mkdir(parents=True)
+    (run / "step_000020").mkdir()
+    err = cli_error(capsys, ["--ckpt", str(run)])
+    assert "holds checkpoints; the latest is" in err and "step_000020" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500,aime99"])
+    assert "unknown benchmark(s) ['aime99']" in err
+    assert "'math500', 'mine', 'minerva', 'minerva_math'" in err     # those found are listed
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data])    # default set: aime24 missing
+    assert "unknown benchmark(s)" in err and "aime24" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "mine",
+                             "-n", "4", "--k", "1,8"])
+    assert "--k [8]" in err and "n = 4" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "mine",
+                             "--greedy", "--k", "2"])
+    assert "--k [2]" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "mine",
+                             "--greedy", "-n", "4"])
+    assert "--greedy" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "mine",
+                             "--temperature", "0"])
+    assert "use --greedy" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data", str(tmp_path / "x.jsonl")])
+    assert "--data file not found" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data", f"{data}/mine.jsonl",
+                             "--prompt-template", "no placeholder"])
+    assert "{problem}" in err
+
+
+def test_chunks_cover_every_problem_once_whatever_the_ranks():
+    for world in (1, 2, 3, 5):
+        got = [i for r in range(world) for _, idx in ev.my_chunks(11, 3, r, world) for i in idx]
+        assert sorted(got) == list(range(11))
+        # chunk c holds the same problems on every number of ranks
+        chunks = {c: idx for r in range(world) for c, idx in ev.my_chunks(11, 3, r, world)}
+        assert chunks == {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10]}
+
+
+# ----------------------------------------------------------------------------- end to end
+
+PROBLEMS = [("What is 3 plus 4?", "7"), ("What is 5 plus 3?", "8"), ("What is 2 plus 5?", "7"),
+            ("What is 1 plus 7?", "8"), ("What is 9 minus 1?", "8"),
+            ("What is 12 minus 5?", "\\frac{14}{2}"),
+            ("What is " + "1 plus " * 60 + "1?", "61"),   # 400+ characters: longer than the context
+            # 244 characters + 7 of TEMPLATE = 251 tokens: 5 left of the 256-token context
+            (("Tell me. " * 30)[:227] + "What is 3 plus 4?", "7")]
+CAPPED = 7
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny model pre-trained (a few seconds) to answer \\boxed{7} or \\boxed{8} after TEMPLATE,
+    saved as a checkpoint with train.py's train_config.yaml, and a fixture benchmark."""
+    root = tmp_path_factory.mktemp("eval")
+    ckpt = make_tiny_model(str(root / "ckpt"), hidden=64, layers=2, heads=2, kv_heads=1,
+                           intermediate=128, max_positions=256)
+    rng = random.Random(0)
+    rows = [{"problem": f"What is {rng.randint(1, 99)} plus {rng.randint(1, 99)}?", "answer": "0",
+             "solution": rng.choice(["\\boxed{7}", "\\boxed{8}"])} for _ in range(256)]
+    pretrain(ckpt, rows, steps=40, batch_size=32, lr=1e-2, template=TEMPLATE, warmup=5,
+             log_every=0)
+    with open(os.path.join(ckpt, "train_config.yaml"), "w") as f:
+        yaml.safe_dump({"prompt_template": TEMPLATE, "max_new_tokens": 24, "seed": 0}, f)
+    bench = root / "fx.jsonl"
+    bench.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in PROBLEMS))
+    return {"root": root, "ckpt": ckpt, "bench": str(bench)}
+
+
+def eval_args(setup, out, seed=0):
+    return ["--ckpt", setup["ckpt"], "--data", setup["bench"], "-n", "4", "--k", "1,2,4",
+            "--temperature", "1.0", "--top-p", "1.0", "--chunk-size", "3", "--seed", str(seed),
+            "--out", str(out)]
+
+
+@pytest.fixture(scope="module")
+def run0(setup):
+    out = setup["root"] / "run0" / "results.json"
+    result = ev.main(eval_args(setup, out))
+    return result, json.loads(out.read_text()), out
+
+
+def read_samples(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+def test_end_to_end_results_agree_with_a_regrade_of_the_samples(setup, run0):
+    result, saved, out = run0
+    assert saved == json.loads(json.dumps(result))
+    cfg = saved["config"]
+    assert cfg["prompt_template"] == TEMPLATE and cfg["max_tokens"] == 24    # the checkpoint's
+    assert cfg["n"] == 4 and cfg["k"] == [1, 2, 4] and cfg["max_model_len"] == 256
+    m = saved["benchmarks"]["fx"]
+    for key in ["problems", "n", "accuracy", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2",
+                "maj@4", "mean_response_tokens", "truncation_rate", "prompt_too_long"]:
+        assert key in m, key
+    for key in ["problems_per_s", "generated_tokens_per_s", "total_s"]:
+        assert saved["timing"][key] > 0
+    assert m["problems"] == len(PROBLEMS) and m["prompt_too_long"] == 1
+
+    lines = read_samples(saved["samples_file"])
+    assert len(lines) == 4 * len(PROBLEMS)
+    # an independent re-grade: reward.math_reward on each response, pass@k by enumeration,
+    # majority by a separate vote loop
+    by_problem = {}
+    for s in lines:
+        assert set(s) >= {"problem", "gold", "response", "answer", "correct"}
+        ok = reward.math_reward(s["response"], s["gold"]) >= 1.0
+        by_problem.setdefault(s["index"], []).append((s["sample"], ok, s))
+    accuracy, passk, majk = 0.0, {k: 0.0 for k in (1, 2, 4)}, {k: 0.0 for k in (1, 2, 4)}
+    for i, group in sorted(by_problem.items()):
+        group.sort(key=lambda g: g[0])
+        flags = [ok for _, ok, _ in group]
+        assert [s["correct"] for _, _, s in group] == flags
+        assert group[0][2]["problem"] == PROBLEMS[i][0] and group[0][2]["gold"] == PROBLEMS[i][1]
+        accuracy += sum(flags) / 4
+        for k in passk:
+            passk[k] += float(brute_pass_at_k(4, sum(flags), k))
+            votes = []  # [answer, count, correct]
+            for _, ok, s in group[:k]:
+                a = reward.extract_answer(s["response"])
+                if a is None:
+                    continue
+                for v in votes:
+                    if reward.verify(v[0], a):
+                        v[1] += 1
+                        break
+                else:
+                    votes.append([a, 1, ok])
+            best = max(votes, key=lambda v: v[1], default=None)  # max keeps the first of ties
+            majk[k] += bool(best and best[2])
+    P = len(PROBLEMS)
+    assert 0 < accuracy / P < 1 and 0 < m["maj@4"] < 1          # the check is not vacuous
+    assert m["accuracy"] == pytest.approx(accuracy / P)
+    for k in passk:
+        assert m[f"pass@{k}"] == pytest.approx(passk[k] / P)
+        assert m[f"maj@{k}"] == pytest.approx(majk[k] / P)
+    gen = [s for s in lines if s["finish_reason"] != "prompt_too_long"]
+    assert len(gen) == 4 * (P - 1)
+    assert m["mean_response_tokens"] == pytest.approx(sum(s["tokens"] for s in gen) / len(gen))
+    assert m["truncation_rate"] == pytest.approx(
+        sum(s["finish_reason"] == "length" for s in gen) / len(gen))
+    capped = [s for s in gen if s["index"] == CAPPED]  # the context, not max_tokens, cut them
+    assert 0 < m["truncation_rate"] < 1
+    assert all(s["tokens"] == 5 and s["finish_reason"] == "length" for s in capped)
+    assert all(s["tokens"] <= 24 and (s["tokens"] == 24) == (s["finish_reason"] == "length")
+               for s in gen if s["index"] != CAPPED)
+
+
+@pytest.mark.slow
+def test_same_seed_same_numbers(setup, run0):
+    _, first, _ = run0
+    again = ev.main(eval_args(setup, setup["root"] / "run0b" / "results.json"))
+    assert again["benchmarks"] == first["benchmarks"]
+    assert read_samples(again["samples_file"]) == read_samples(first["samples_file"])
+    other = ev.main(eval_args(setup, setup["root"] / "run1" / "results.json", seed=1))
+    assert [s["response"] for s in read_samples(other["samples_file"])] != \
+        [s["response"] for s in read_samples(first["samples_file"])]
+
+
+@pytest.mark.slow
+def test_numbers_do_not_depend_on_the_number_of_ranks(setup, run0):
+    _, first, _ = run0
+    out = setup["root"] / "ranks2" / "results.json"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node", "2", os.path.join(REPO, "eval.py"),
+                          *eval_args(setup, out)], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    two = json.loads(out.read_text())
+    assert two["config"]["world_size"] == 2
+    assert two["benchmarks"] == first["benchmarks"]
+    assert read_samples(two["samples_file"]) == read_samples(first["samples_file"])
