@@ -308,7 +308,8 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
 
     with torch.no_grad():
         n = num_tokens
-        token_sum = lambda x: (x * mask).sum() / n  # noqa: E731  (a token mean, globally normalised)
+        # A token mean, globally normalised; in float64, as Cov(logp, A) subtracts two such sums.
+        token_sum = lambda x: (x.double() * mask.double()).sum() / n  # noqa: E731
         r = ratio.detach()
         big = torch.finfo(r.dtype).max
         metrics = {

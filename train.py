@@ -311,6 +311,8 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank):
         os.makedirs(tmp)
     dist.barrier()
     weights = dict(full_weights(model))
+    if getattr(model.config, "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)  # the same tensor as the embeddings: save it once
     if rank == 0:
         model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
         tokenizer.save_pretrained(tmp)
@@ -605,8 +607,12 @@ def main(argv=None):
                                             "response": s.text, "reward": r}) + "\n")
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
             path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank)
-            if rank == 0 and step + 1 == cfg.steps:
-                print(f"final checkpoint: {path}")
+            if rank == 0 and step + 1 == cfg.steps:  # out_dir/final -> the last checkpoint
+                link = os.path.join(cfg.out_dir, "final")
+                if os.path.islink(link):
+                    os.remove(link)
+                os.symlink(os.path.basename(path), link)
+                print(f"final checkpoint: {path} (also {link})")
     dist.destroy_process_group()
 
 
