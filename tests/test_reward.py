@@ -5,14 +5,17 @@ self-consistency on the benchmark files in ../shared/data when they are present.
 
 Expected values are written by hand from the mathematics, never copied from the code's output.
 """
+import faulthandler
 import json
 import os
 import random
+import sys
 import threading
 import time
 
 import pytest
 
+import reward
 from reward import extract_answer, math_reward, verify
 
 T, F = True, False
@@ -398,7 +401,51 @@ def _hostile_inputs(n, seed=0):
     return out[:n]
 
 
+def test_deadline_interrupts_python_code_in_a_worker_thread():
+    """The guard around the slow path: a pure-Python loop is stopped after its budget, off the
+    main thread (where signal.alarm cannot run), and a profiler installed before is restored."""
+    out = {}
+
+    def spin():
+        while True:
+            sum(range(10))
+
+    def work():
+        marker = lambda *a: None
+        sys.setprofile(marker)
+        t0 = time.perf_counter()
+        try:
+            reward._with_deadline(0.2, spin)
+        except reward._Timeout:
+            out["elapsed"] = time.perf_counter() - t0
+        out["restored"] = sys.getprofile() is marker
+        sys.setprofile(None)
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join(10)
+    assert 0.2 <= out["elapsed"] < 1.0 and out["restored"]
+
+
+def test_timeout_means_not_equal(monkeypatch):
+    monkeypatch.setattr(reward, "TIME_BUDGET", 0.0)
+    reward._parse.cache_clear()
+    assert verify("(y+1)^2", "y^2+2y+1") is False  # needs the slow path, which has no time left
+    monkeypatch.undo()
+    assert verify("(y+1)^2", "y^2+2y+1") is True
+
+
 def test_fuzz_hostile_inputs_never_raise_or_hang():
+    # A regression that hangs inside one C call (a huge int power) cannot be interrupted from
+    # Python: dump the stacks and exit after 300 s instead of stalling CI without a word.
+    faulthandler.dump_traceback_later(300, exit=True)
+    try:
+        _fuzz()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _fuzz():
     inputs = _hostile_inputs(2000)
     golds = ["9^{9^{9}}", "\\frac{1}{2}", "x^2+1", "(1,2)", "10^{10^{10}}!", "2"]
     times = []

@@ -1,0 +1,142 @@
+"""Benchmark of reward.verify: verifications per second and p50/p99/max latency, on one core.
+
+Realistic set: every problem of the benchmark files (MATH-500, Minerva, OlympiadBench, GSM8K, AIME 24,
+AMC 23) graded against a correct and a wrong model-style response: a <think> block, then a boxed
+answer. The correct one boxes the gold in another way of writing it (\\dfrac, \\left( \\right), a
+decimal, reordered list, `x = ...`, a unit, thousands commas, ...); the wrong one boxes a nearby
+different answer (the next problem's gold, or the gold with a number changed).
+Hostile set: the inputs of the fuzz test (huge towers, deep nesting, 100k-character strings, ...).
+
+    python bench/bench_reward.py [--data ../shared/data] [--limit N]
+
+Caches are cleared before each set, so every distinct answer is parsed once, as in training where
+each gold is graded against a group of responses. Also printed: the accuracy on the realistic set
+(a correct response must verify, a wrong one must not), which is a sanity check, not a quality score.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import reward  # noqa: E402
+
+FILES = ["math500", "minerva_math", "olympiadbench", "gsm8k_test", "aime24", "amc23"]
+
+
+def rewrite(gold, rng):
+    """An equivalent way of writing `gold`, as a model might (falls back to gold itself)."""
+    options = [gold]
+    if "\\frac" in gold:
+        options.append(gold.replace("\\frac", "\\dfrac"))
+    m = re.fullmatch(r"(-?)\\frac\{(\d+)\}\{(\d+)\}", gold)
+    if m and int(m.group(3)) in (2, 4, 5, 8, 10, 16, 20, 25, 40, 50, 100):
+        options.append(m.group(1) + str(int(m.group(2)) / int(m.group(3))))
+    if m:
+        options.append(f"{m.group(1)}{m.group(2)}/{m.group(3)}")
+    if gold.startswith("(") and gold.endswith(")") and "," in gold:
+        options.append("\\left(" + gold[1:-1] + "\\right)")
+    if re.fullmatch(r"-?\d+", gold):
+        options += [f"{int(gold):,}", gold + ".0", f"x = {gold}", gold + " \\text{ units}"]
+    if re.fullmatch(r"[^(){}\[\]]+(,[^(){}\[\]]+)+", gold) and not re.search(r",\\!|\d,\d{3}", gold):
+        # a bare list (not a number with thousands commas): reorder it
+        items = gold.split(",")
+        rng.shuffle(items)
+        options.append(", ".join(i.strip() for i in items))
+    if re.fullmatch(r"-?\d*\.\d+(e-?\d+)?", gold):
+        options.append(f"{float(gold):.6g}".replace("e+", "e"))
+    if " " in gold and not re.search(r"[a-z]{2,} [a-z]{2,}", gold):  # not prose
+        options.append(gold.replace(" ", ""))
+    return rng.choice(options)
+
+
+def perturb(gold, other, rng):
+    """A wrong answer close to the gold: a changed number, else another problem's gold."""
+    nums = list(re.finditer(r"\d+", gold))
+    if nums and rng.random() < 0.6:
+        m = rng.choice(nums)
+        return gold[:m.start()] + str(int(m.group()) + rng.choice([1, 2, 10])) + gold[m.end():]
+    return other
+
+
+def response(answer, rng):
+    think = " ".join(rng.choice(["Let $x = 3$.", "Then $x^2 + 1 = 10$.", "We compute $\\frac{1}{2} + \\frac{1}{3}$.",
+                                 "So the sum is $12$.", "Check: $2 \\cdot 6 = 12$."]) for _ in range(30))
+    return f"<think>\n{think}\n</think>\n\nThe computation gives the result.\nTherefore, the final answer is $\\boxed{{{answer}}}$."
+
+
+def realistic_pairs(data, limit):
+    rng = random.Random(0)
+    pairs = []
+    for name in FILES:
+        path = os.path.join(data, name + ".jsonl")
+        if not os.path.exists(path):
+            continue
+        rows = [json.loads(line) for line in open(path, encoding="utf-8")][:limit]
+        for i, row in enumerate(rows):
+            gold, other = row["answer"], rows[(i + 1) % len(rows)]["answer"]
+            pairs.append((gold, response(rewrite(gold, rng), rng), True))
+            wrong = perturb(gold, other, rng)
+            if wrong != gold and not reward.verify(gold, wrong):  # the next gold may be equal
+                pairs.append((gold, response(wrong, rng), False))
+    return pairs
+
+
+def clear_caches():
+    for f in (reward._clean, reward._structure, reward._parse):
+        f.cache_clear()
+
+
+def run(pairs):
+    clear_caches()
+    times, results = [], []
+    t_all = time.perf_counter()
+    for gold, pred, _ in pairs:
+        t0 = time.perf_counter()
+        results.append(reward.verify(gold, pred))
+        times.append(time.perf_counter() - t0)
+    total = time.perf_counter() - t_all
+    times.sort()
+    q = lambda p: times[min(len(times) - 1, int(p * len(times)))] * 1e3
+    return results, len(pairs) / total, q(0.5), q(0.99), times[-1] * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
+    ap.add_argument("--limit", type=int, default=10_000, help="problems per file")
+    args = ap.parse_args()
+    print(f"load average: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
+    t0 = time.perf_counter()
+    import mpmath  # noqa: F401  (reward imports it lazily on its slow path; not timed below)
+    print(f"import mpmath: {time.perf_counter() - t0:.2f}s (once per process, lazily)")
+
+    pairs = realistic_pairs(args.data, args.limit)
+    if not pairs:
+        sys.exit(f"no benchmark files found in {args.data}")
+    results, rate, p50, p99, mx = run(pairs)
+    ok = sum(r == want for r, (_, _, want) in zip(results, pairs))
+    n_true = sum(w for *_, w in pairs)
+    print(f"realistic: {len(pairs)} pairs ({n_true} correct, {len(pairs) - n_true} wrong responses)")
+    print(f"  {rate:8.0f} verifications/s   p50 {p50:.3f} ms   p99 {p99:.3f} ms   max {mx:.1f} ms")
+    print(f"  agreement with the intended label: {ok}/{len(pairs)}")
+    for (g, p, want), r in zip(pairs, results):
+        if r != want:
+            print(f"    expected {want}: gold {g!r} vs {reward.extract_answer(p)!r}")
+
+    from test_reward import _hostile_inputs
+    golds = ["9^{9^{9}}", "\\frac{1}{2}", "x^2+1", "(1,2)", "10^{10^{10}}!", "2"]
+    hostile = [(golds[k % len(golds)], s, False) for k, s in enumerate(_hostile_inputs(2000))]
+    hostile += [(s, g, False) for g, s, _ in hostile]
+    _, rate, p50, p99, mx = run(hostile)
+    print(f"hostile: {len(hostile)} calls (each input as pred and as gold)")
+    print(f"  {rate:8.0f} verifications/s   p50 {p50:.3f} ms   p99 {p99:.3f} ms   max {mx:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
