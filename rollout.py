@@ -329,6 +329,12 @@ class VLLMEngine:
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         # CUDA graphs pay off on a GPU; on CPU torch.compile took 20+ s at start (see bench/).
         llm_kwargs.setdefault("enforce_eager", not cuda)
+        if not cuda:
+            # A prompt prefilled in chunks makes vLLM rewind its seeded generator with
+            # Generator.set_offset, which CPU generators lack ("CPU Generator does not use
+            # offset", once a call's prompts exceed max_num_batched_tokens): prefill whole prompts.
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
+            llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
         saved = {k: os.environ.get(k) for k in _TORCHRUN_ENV}
         had_group = dist.is_available() and dist.is_initialized()
         self.threads, self.rank, self.seed, self.calls = threads, rank, seed, 0

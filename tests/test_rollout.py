@@ -162,6 +162,14 @@ def test_n_samples_in_prompt_order_and_finish_reasons(engine, tokenizer):
     assert "stop" in reasons and "length" in reasons
 
 
+def test_a_call_larger_than_one_prefill_batch(engine):
+    """~10k prompt tokens: more than vLLM prefills in one step (8192 on CPU), with seeds."""
+    prompts = [f"{i:3d}" + "long prompt " * 14 for i in range(60)]
+    a = engine.generate(prompts, n=2, max_tokens=3, seed=4)
+    b = engine.generate(prompts, n=2, max_tokens=3, seed=4)
+    assert [[s.response_ids for s in g] for g in a] == [[s.response_ids for s in g] for g in b]
+
+
 def test_token_id_prompts_and_max_model_len(engine, tokenizer):
     long_prompt = tokenizer("x" * (MAX_LEN - 5))["input_ids"]
     out = engine.generate([long_prompt, [5, 6, 7]], n=2, max_tokens=40, seed=0)
