@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--backend", default="vllm")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk-size", type=int, help="problems per generate call (eval's default)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = args.ckpt or make_tiny_model(os.path.join(tmp, "model"),
@@ -43,7 +44,8 @@ def main():
         out = ev.main(["--ckpt", ckpt, "--data", args.data, "-n", str(args.n),
                        "--max-tokens", str(args.max_tokens), "--temperature", "1.0",
                        "--top-p", "1.0", "--backend", args.backend, "--seed", str(args.seed),
-                       "--out", os.path.join(tmp, "results.json")])
+                       "--out", os.path.join(tmp, "results.json")] +
+                      (["--chunk-size", str(args.chunk_size)] if args.chunk_size else []))
         wall = time.time() - t0
     (name, m), = out["benchmarks"].items()
     t = out["timing"]

@@ -126,7 +126,7 @@ def test_cli_defaults_and_checkpoint_settings(fake_ckpt):
     assert a.files == {"math500": f"{data}/math500.jsonl", "minerva": f"{data}/minerva_math.jsonl",
                        "mine": f"{data}/mine.jsonl"}
     assert a.ks == [1, 4] and a.template == "P {problem}" and a.max_tokens == 77
-    assert a.chunk_size == 128 and a.temperature == 0.6 and a.top_p == 0.95
+    assert a.chunk_size == 256 and a.temperature == 0.6 and a.top_p == 0.95
     a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500", "--greedy",
                        "--prompt-template", "default", "--max-tokens", "9"])
     assert (a.n, a.temperature, a.ks, a.template, a.max_tokens) == (1, 0.0, [1], None, 9)
