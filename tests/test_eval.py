@@ -3,7 +3,6 @@ on a tiny model that the tests teach to answer \\boxed{7} or \\boxed{8} at rando
 accuracy, pass@k and maj@k are neither 0 nor 1)."""
 import itertools
 import json
-import math
 import os
 import random
 import subprocess
