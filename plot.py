@@ -1,0 +1,67 @@
+"""Curves of a training run: `python plot.py RUN_DIR [RUN_DIR ...] [--out curves.png]`.
+
+Reads each run's metrics.jsonl (written by train.py) and draws reward and accuracy, held-out
+accuracy, policy entropy, response length and KL diagnostics against the RL step, one line per
+run. matplotlib is an optional dependency: `pip install matplotlib`.
+"""
+import argparse
+import json
+import os
+
+PANELS = [  # (title, [(metric, label suffix)])
+    ("reward / train accuracy", [("reward", "reward"), ("accuracy", "accuracy")]),
+    ("held-out accuracy", [("eval_accuracy", "")]),
+    ("policy entropy (nats/token)", [("entropy", "")]),
+    ("response length (tokens)", [("response_len", "")]),
+    ("KL", [("kl_old", "to pi_old"), ("kl_ref", "to pi_ref"), ("loss/kl_mask", "mask loss")]),
+    ("Cov(logp, A)", [("cov_logp_adv", "")]),
+]
+
+
+def read_metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def series(rows, key):
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run directories (train.py's out_dir)")
+    ap.add_argument("--out", help="PNG path (default: RUN_DIR/curves.png of the first run)")
+    args = ap.parse_args(argv)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("plot.py needs matplotlib: pip install matplotlib") from None
+    runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in args.runs}
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (title, keys) in zip(axes.flat, PANELS):
+        for name, rows in runs.items():
+            for key, suffix in keys:
+                x, y = series(rows, key)
+                if x:
+                    label = " ".join(p for p in (name if len(runs) > 1 else "", suffix) if p)
+                    ax.plot(x, y, marker="o" if len(x) < 30 else None, ms=3, label=label or None)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = args.out or os.path.join(args.runs[0], "curves.png")
+    fig.savefig(out, dpi=100)
+    print(f"wrote {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
