@@ -38,45 +38,47 @@ import tepo
 @dataclass
 class Config:
     """Every setting of a run; the README documents each. YAML keys map onto these fields."""
-    model: str = ""                      # HF model directory or hub id (the initial policy)
-    train_data: str = ""                 # JSONL with "problem" and "answer"
-    eval_data: str = ""                  # held-out JSONL, evaluated at start, every eval_every, end
-    prompt_template: str | None = None   # "{problem}" template; None: chat template or plain
-    out_dir: str = "runs/run"
-    seed: int = 0
-    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo
-    loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig.preset(method)
-    steps: int = 100                     # RL steps
-    prompts_per_step: int = 16           # P, over all ranks
+    model: str = ""                      # HF model directory or hub id: the initial policy (required)
+    train_data: str = ""                 # JSONL with "problem" and "answer" per line (required)
+    eval_data: str = ""                  # held-out JSONL: accuracy at start, every eval_every, end
+    prompt_template: str | None = None   # "...{problem}..."; null: the chat template, else plain
+    out_dir: str = "runs/run"            # metrics, samples and checkpoints go here
+    seed: int = 0                        # data order, sampling seeds, initial RNG states
+    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo: the loss preset
+    loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig fields, e.g. clip_high
+    steps: int = 100                     # RL steps (one batch of P x G samples each)
+    prompts_per_step: int = 16           # P over all ranks (divisible by the number of ranks)
     group_size: int = 8                  # G responses per prompt
     max_prompt_len: int = 512            # tokens; longer training prompts are dropped at load
-    max_new_tokens: int = 1024
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_new_tokens: int = 1024           # response length cap (also Dr.GRPO's L_max)
+    temperature: float = 1.0             # sampling temperature, also used for the trainer's log-probs
+    top_p: float = 1.0                   # nucleus sampling (1.0 keeps sampler and trainer exact)
     num_minibatches: int = 4             # optimizer steps per RL step
-    micro_batch_tokens: int = 16384      # padded tokens per forward/backward, per rank
-    lr: float = 1e-6
-    lr_schedule: str = "constant"        # constant | cosine (after warm-up)
+    micro_batch_tokens: int = 16384      # padded tokens per forward/backward on one rank
+    lr: float = 1e-6                     # AdamW peak learning rate
+    lr_schedule: str = "constant"        # constant | cosine, after the warm-up
     warmup_steps: int = 0                # RL steps of linear warm-up
     min_lr_ratio: float = 0.0            # cosine floor, as a fraction of lr
-    weight_decay: float = 0.0
-    betas: tuple = (0.9, 0.999)
-    grad_clip: float = 1.0
-    dynamic_sampling: bool | None = None  # None: on for dapo
-    max_sampling_tries: int = 3
-    overlong_buffer: int | None = None   # None: max_new_tokens // 4 for dapo, else 0 (off)
-    overlong_factor: float = 1.0
-    backend: str = "vllm"                # vllm | hf
-    dtype: str = "auto"                  # auto: bfloat16 on GPU, float32 on CPU
-    gpu_memory_utilization: float = 0.4
-    activation_checkpointing: bool = False
-    eval_every: int = 0                  # 0: only at start and end
+    weight_decay: float = 0.0            # AdamW weight decay
+    betas: tuple = (0.9, 0.999)          # AdamW betas
+    grad_clip: float = 1.0               # max global gradient norm
+    format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py)
+    no_answer_penalty: float = 0.0       # minus this for a response with no final answer
+    dynamic_sampling: bool | None = None  # DAPO: drop groups with equal rewards; null: on for dapo
+    max_sampling_tries: int = 3          # dynamic sampling: batches drawn per step at most
+    overlong_buffer: int | None = None   # DAPO overlong shaping; null: max_new_tokens//4 for dapo
+    overlong_factor: float = 1.0         # penalty at max_new_tokens
+    backend: str = "vllm"                # rollout engine: vllm | hf (transformers generate)
+    dtype: str = "auto"                  # rollout dtype; auto: bfloat16 on GPU, float32 on CPU
+    gpu_memory_utilization: float = 0.4  # GPU share of the vLLM engine (weights + KV cache)
+    activation_checkpointing: bool = False  # recompute layer activations in the backward pass
+    eval_every: int = 0                  # held-out evaluation period in steps (0: start, end)
     eval_n: int = 1                      # samples per held-out problem
-    eval_max_problems: int = 0           # 0: all
-    save_every: int = 0                  # 0: only at the end
-    keep_last: int = 2
-    log_samples_every: int = 10          # write a few graded responses to samples.jsonl
-    max_bad_steps: int = 5               # consecutive non-finite updates before stopping
+    eval_max_problems: int = 0           # first N held-out problems (0: all)
+    save_every: int = 0                  # checkpoint period in steps (0: only at the end)
+    keep_last: int = 2                   # checkpoints kept in out_dir
+    log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
+    max_bad_steps: int = 5               # non-finite updates in a row before the run stops
 
     def __post_init__(self):
         self.loss_cfg = tepo.LossConfig.preset(self.method, **{
@@ -400,7 +402,8 @@ def sample_seed(*parts):
 def grade(cfg, sample, answer):
     """-> (reward, correct). DAPO's overlong shaping: a penalty growing linearly over the last
     `overlong_buffer` tokens before max_new_tokens."""
-    r = reward.math_reward(sample.text, answer)
+    r = reward.math_reward(sample.text, answer, format_reward=cfg.format_reward,
+                           no_answer_penalty=cfg.no_answer_penalty)
     correct = r >= 1.0
     B, n = cfg.overlong_buffer, len(sample.response_ids)
     if B > 0 and n > cfg.max_new_tokens - B:
