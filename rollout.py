@@ -120,10 +120,10 @@ class Sample:
     log pi(response_ids[t] | prompt, response_ids[:t]) under softmax(logits / temperature)
     (see the module docstring for top_p). `text` is the decoded response without special tokens.
     """
-    prompt_ids: list
-    response_ids: list
+    prompt_ids: list[int]
+    response_ids: list[int]
     text: str
-    logprobs: list
+    logprobs: list[float]
     finish_reason: str  # "stop" (EOS produced) or "length" (max_tokens or max_model_len hit)
 
 
@@ -131,9 +131,8 @@ BACKENDS = ("vllm", "hf")
 # Set before vLLM is imported, so the defaults below reach it; a value already in the
 # environment wins. In-process mode is not optional: weight sync calls into the live model.
 VLLM_ENV_DEFAULTS = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",          # GiB of KV cache on CPU (vLLM's default is 90% of RAM)
-    "VLLM_CONFIGURE_LOGGING": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",        # vLLM logs ~40 INFO lines per engine start
+    "VLLM_CPU_KVCACHE_SPACE": "1",    # GiB of KV cache on CPU (else sized from free RAM)
+    "VLLM_LOGGING_LEVEL": "WARNING",  # vLLM logs ~40 INFO lines per engine start
 }
 # torch.set_num_threads as it was before vLLM replaced it (see VLLMEngine.__init__).
 _TORCH_SET_NUM_THREADS = torch.set_num_threads
@@ -327,7 +326,8 @@ class VLLMEngine:
         # Log-probs of the distribution actually sampled from (after temperature and top_p);
         # vLLM's default, "raw_logprobs", would be of softmax(logits) at temperature 1.
         llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
-        # CUDA graphs pay off on a GPU; on CPU torch.compile took 20+ s at start (see bench/).
+        # CUDA graphs pay off on a GPU. On CPU, torch.compile added 20-40 s to the start and no
+        # measurable speed on a 17.8 M model (bench/bench_rollout.py --compile).
         llm_kwargs.setdefault("enforce_eager", not cuda)
         if not cuda:
             # A prompt prefilled in chunks makes vLLM rewind its seeded generator with
@@ -404,6 +404,8 @@ class VLLMEngine:
         if self.cuda:
             if not self.sleep_mode:
                 raise RuntimeError("sleep() needs make_engine(..., enable_sleep_mode=True)")
+            # Level 1 keeps a CPU copy of the weights: level 2 would also drop buffers that
+            # update_weights never sends (e.g. rotary caches).
             self.llm.sleep(level=1)
 
     def wake(self):

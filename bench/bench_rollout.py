@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--hf-batch-size", type=int, default=64, help="sequences per HF generate")
     ap.add_argument("--compile", action="store_true", help="vLLM with torch.compile (no eager)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
@@ -60,7 +61,7 @@ def main():
     max_len = 64 + args.max_tokens
     k, n, m = args.prompts, args.n, args.max_tokens
     print(f"model {params / 1e6:.1f} M params, {k} prompts x {n} samples x <= {m} tokens, "
-          f"threads {args.threads}, torch threads {torch.get_num_threads()}; {load()}")
+          f"sampling threads {args.threads}, cores {os.cpu_count()}; {load()}")
 
     t = time.perf_counter()
     engine = rollout.make_engine(path, backend="vllm", max_model_len=max_len, seed=0,
@@ -86,7 +87,7 @@ def main():
     if not args.skip_hf:
         t = time.perf_counter()
         hf = rollout.make_engine(path, backend="hf", max_model_len=max_len, seed=0,
-                                 threads=args.threads)
+                                 threads=args.threads, hf_batch_size=args.hf_batch_size)
         print(f"transformers engine start: {time.perf_counter() - t:.1f} s")
         hf.generate(prompts(4), n=2, max_tokens=8)
         tokens, dt = timed_rollout(hf, k, n, m)

@@ -14,6 +14,16 @@ MAX_LEN = 192  # max_model_len of the engines under test (> vLLM's CPU KV block 
 TOL = 1e-4    # fp32 log-prob agreement the issue asks for
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The reference forward passes run single-threaded: with 2 threads on this shared 2-core box
+    they were 10x slower whenever another process was busy (OpenMP barriers wait for a core)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module", params=["vllm", "hf"])
 def engine(request, tiny_model_dir):
     eng = rollout.make_engine(tiny_model_dir, backend=request.param, dtype="float32",
