@@ -187,7 +187,7 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
 
 
 def _rank_info():
-    """(rank, local_rank, local_world_size) from torch.distributed / torchrun's env, else 0, 0, 1."""
+    """(rank, local_rank, local_world_size) from torch.distributed and torchrun's env (0, 0, 1)."""
     rank = int(os.environ.get("RANK", 0))
     if dist.is_available() and dist.is_initialized():
         rank = dist.get_rank()
@@ -222,7 +222,8 @@ def _bind_cpus(local_rank, local_world):
         return allowed
     if spec == "auto":
         per = max(1, len(allowed) // local_world)
-        cpus = allowed[local_rank * per:(local_rank + 1) * per] or [allowed[local_rank % len(allowed)]]
+        cpus = (allowed[local_rank * per:(local_rank + 1) * per]
+                or [allowed[local_rank % len(allowed)]])  # more ranks than CPUs: share
     else:
         lists = spec.split("|")
         if local_rank >= len(lists):
@@ -306,7 +307,7 @@ def _hf_names(named_tensors, skip_lm_head):
 
 
 class VLLMEngine:
-    """vLLM's LLM in this process (continuous batching, paged KV cache), with in-place weight sync."""
+    """vLLM's LLM in this process (continuous batching, paged KV cache), in-place weight sync."""
 
     def __init__(self, model_path, dtype, max_model_len, seed, rank, threads, cuda, llm_kwargs):
         for k, v in VLLM_ENV_DEFAULTS.items():
@@ -400,7 +401,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     def sleep(self):
-        """Free the engine's GPU memory (weights offloaded to CPU, KV cache dropped); no-op on CPU."""
+        """Free the engine's GPU memory (weights to CPU RAM, KV cache dropped); no-op on CPU."""
         if self.cuda:
             if not self.sleep_mode:
                 raise RuntimeError("sleep() needs make_engine(..., enable_sleep_mode=True)")
