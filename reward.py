@@ -173,10 +173,14 @@ def _final_answer(s):
 # ----------------------------------------------------------------------------- cleaning
 _TEXT = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textup|texttt|mathrm|mathbf|mathit|mathsf|"
                    r"mathtt|mbox|operatorname|boldsymbol|bm|hbox)\s*\{")
-_UNITISH = re.compile(r"[\s~]*[a-zA-Z]+(?:\s*[/^.*]?\s*[a-zA-Z0-9{}]+)*[\s~.]*")
+_UNITISH = re.compile(r"[\s~]*[a-zA-Z]+(?:(?:\s*[/^.*]\s*|\s+)[a-zA-Z0-9{}-]+)*[\s~.]*")  # words split by / ^ . * or space
 _MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "sqrt", "pi", "and",
                "or", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "mod", "in", "infty"}
-_UNIT_TAIL = re.compile(r"(?<![\\a-zA-Z])([a-zA-Z]{2,})\.?(?:\s*\^\s*\{?\d\}?)?\s*$")
+_UNIT_TAIL = re.compile(r"(?<![\\a-zA-Z])((?:square |sq\.? |cubic )?[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?"
+                        r"(?:(?:\s*[/*]\s*|\s+)[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?)*)\.?\s*$")  # words split by / * or space
+_UNITS = {"cm", "mm", "km", "nm", "kg", "mg", "ml", "ft", "in", "yd", "mi", "hr", "hrs", "min", "sec",
+          "mph", "kmh", "kph", "mol", "rad", "deg", "sq", "eV", "kJ", "kW", "Hz", "Pa",
+          "m", "s", "g", "h", "l", "K", "J", "W", "N", "V"}  # single letters only inside `m/s`
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _SIMPLE_LHS = re.compile(r"(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?(?:\([a-zA-Z0-9, ]*\))?")
 _NB = r"(?![a-zA-Z])"  # the end of a command name
@@ -211,11 +215,23 @@ def _unwrap_text(s):
         if re.fullmatch(r"\s*(?:and|or)\s*", content):
             content = ","
         elif (m.group(1) in ("text", "mbox", "mathrm", "textrm", "textnormal", "hbox") and unit_tail
-              and before and (before[-1].isalnum() or before[-1] in "}).") and _UNITISH.fullmatch(content)):
+              and before and (before[-1].isalnum() or before[-1] in "}).") and len(content) < 40
+              and _UNITISH.fullmatch(content)):
             content = ""  # a unit after a value, at the end of the answer or of a tuple entry
             end += len(unit_tail.group(1) or "")
         s = s[:m.start()] + " " + content + " " + s[end + 1:]
     return s
+
+
+def _is_unit(text, glued):
+    """Is `text` (the letters at the end of an answer) a unit? Each word a known unit or a word
+    (3+ letters with a vowel: dollars, eggs, ways); single letters only in compounds (`m/s`)."""
+    words = re.findall(r"[a-zA-Z]+", re.sub(r"^(?:square|sq\.?|cubic) ", "", text))
+    if glued:  # `5cm` but not `2ab`
+        return len(words) == 1 and words[0] in _UNITS and len(words[0]) > 1
+    return all(w.lower() not in _MATH_WORDS and (w in _UNITS and (len(w) > 1 or len(words) > 1)
+                                                  or len(w) > 2 and re.search("[aeiou]", w.lower()))
+               for w in words)
 
 
 def _repeating(m):
@@ -239,11 +255,13 @@ def _clean(s):
     s, pct = re.subn(r"\\?%|\bpercent\s*$", " ", s)
     s = re.sub(r"\s+(?:and|or)\s+", ",", s)
     s = re.sub(r"\s+", " ", s).strip(" ,;:").rstrip(".")
-    for _ in range(4):  # trailing unit words: `18 dollars`, `864 inches^2`, `5.4 cents`
-        m = _UNIT_TAIL.search(s)
-        before = re.sub(r"(?:square|sq\.?|cubic)\s*$", "", s[:m.start()]).rstrip() if m else ""
-        if not m or m.group(1).lower() in _MATH_WORDS or not re.search(r"\d[\s})\]]*$", before):
+    for _ in range(2):  # trailing unit words: `18 dollars`, `864 inches^2`, `3 m/s`, `4e33 ergs s^{-1}`
+        m = _UNIT_TAIL.search(s, max(0, len(s) - 60))  # units are short: bounded regex work
+        if not m or not _is_unit(m.group(1), glued=not s[:m.start()][-1:].isspace()):
             break
+        before = s[:m.start()].rstrip()
+        if not re.search(r"(?:\d|\\[a-zA-Z]+)[\s})\]]*$", before) or not re.search(r"\d", before) or re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", before)):
+            break  # a unit follows a number, not an expression with letters (`2 xy`, `x^2 + 2 ab`)
         s = before.rstrip(" ,;:")
     s = re.sub(r"\binfinity\b|\\infinity|\+\s*\\infty", r"\\infty", s)
     if "\\approx" in s or "≈" in s:  # `x \approx 3.14` -> 3.14, `\frac{1}{3} \approx 0.33` -> \frac{1}{3}

@@ -168,6 +168,11 @@ PAIRS = [
     ("\\text{ellipse}", "ellipse", T), ("\\text{ellipse}", "\\text{parabola}", F), ("2", "2 \\text{ units}", T),
     ("16 \\sqrt{3}", "16\\sqrt{3} \\text{ square units}", T), ("12\\pi", "12\\pi \\text{ cm}^3", T),
     ("\\text{even}", "\\text{odd}", F), ("120^\\circ", "120^\\circ.", T), ("76^\\circ", "67^\\circ", F),
+    ("4.5e33", "4.5 \\times 10^{33} \\mathrm{ergs} \\mathrm{s}^{-1}", T), ("30", "30 m/s", T), ("9.8", "9.8 m/s^2", T),
+    ("5", "5cm", T), ("864", "864 square inches", T), ("10\\pi", "10\\pi cm", T), ("3", "3 students", T),
+    # ... but letters after a number are not always a unit
+    ("2ab", "2", F), ("x^2 + 2 xy", "x^2+2", F), ("\\frac{1}{2} bh", "\\frac{1}{2}", F), ("\\frac{37}{4} m", "\\frac{37}{4}", F),
+    ("2 \\pi r", "2\\pi", F), ("3 xyz", "3", F),
     # --- LaTeX noise
     ("3", "\\displaystyle 3", T), ("\\frac{1}{2}", "\\left(\\frac{1}{2}\\right)", T), ("3", "$3$", T),
     ("3", "3.", T), ("\\frac{1}{2}", "\\!\\frac{1}{2}", T), ("4", "\\,4\\,", T), ("3", "\\(3\\)", T),
