@@ -357,9 +357,6 @@ def main(argv=None):
         min(context, longest + args.max_tokens)
     engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
                                  max_model_len=max_model_len, seed=args.seed)
-    # rollout seeds prompt i of a call from (seed, engine rank, i); eval's seeds are per chunk and
-    # must not depend on which rank samples the chunk.
-    engine.rank = 0
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
     for name, rows in data.items():
         mine = sum(len(idx) for _, idx in my_chunks(len(rows), args.chunk_size, rank, world))

@@ -31,9 +31,11 @@ log-probs by -log(nucleus mass); with top_p = 1 the two agree. Temperature 0 is 
 log-probs at temperature 1. EOS (any id in the tokenizer's or generation_config's eos) is kept as
 the last response token, with its log-prob, and gives finish_reason "stop".
 
-Seeding. `generate(seed=s)` is reproducible: prompt i on rank r is sampled from its own stream
-hash(s, r, i) (vLLM's per-request seeds would otherwise give equal prompts equal samples), and
-its n samples use consecutive streams, so they differ. `seed=None` draws a fresh, reproducible
+Seeding. `generate(seed=s)` is reproducible: prompt i of the call is sampled from its own stream
+hash(s, i) (vLLM's per-request seeds would otherwise give equal prompts equal samples), and its n
+samples use consecutive streams, so they differ. The seed is the caller's whole say: ranks that
+must sample differently pass different seeds (train.py mixes the rank in; eval.py seeds by chunk
+so its numbers do not depend on the number of ranks). `seed=None` draws a fresh, reproducible
 stream per call from the engine's `seed`.
 
 Environment (read in make_engine; a value you set wins):
@@ -238,13 +240,13 @@ def _bind_cpus(local_rank, local_world):
     return cpus
 
 
-def _request_seed(seed, rank, index):
-    """A 31-bit seed for prompt `index` of a call seeded `seed` on `rank`.
+def _request_seed(seed, index):
+    """A 31-bit seed for prompt `index` of a call seeded `seed`.
 
     vLLM seeds sample j of a request with `seed + j`, so equal prompts given equal seeds would
-    get equal samples: hashing (seed, rank, index) gives every prompt of every rank its own stream.
+    get equal samples: hashing (seed, index) gives every prompt of a call its own stream.
     """
-    digest = hashlib.blake2b(f"{seed},{rank},{index}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(f"{seed},{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 2**16)
 
 
@@ -367,9 +369,9 @@ class VLLMEngine:
         if not ids:
             return []
         if seed is None:  # a fresh, reproducible stream per call
-            seed, self.calls = _request_seed(self.seed, -1, self.calls), self.calls + 1
+            seed, self.calls = _request_seed(f"{self.seed}/call", self.calls), self.calls + 1
         params = [SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, seed=_request_seed(seed, self.rank, i),
+            n=n, temperature=temperature, top_p=top_p, seed=_request_seed(seed, i),
             max_tokens=min(max_tokens, self.max_model_len - len(p)),
             # logprobs=0: the sampled token's only (processed: see logprobs_mode above); flat:
             # one list per sample, not a dict per token; texts are decoded below in one batch.
@@ -533,13 +535,13 @@ class HFEngine:
         if not ids:
             return []
         if seed is None:
-            seed, self.calls = _request_seed(self.seed, -1, self.calls), self.calls + 1
+            seed, self.calls = _request_seed(f"{self.seed}/call", self.calls), self.calls + 1
         rows = [p for p in ids for _ in range(n)]  # the n samples of a prompt are adjacent rows
         samples = []
         devices = [self.device] if self.device.type == "cuda" else []
         # fork_rng: the sampler's seed must not reset the trainer's random stream.
         with torch.random.fork_rng(devices=devices), _torch_threads(self.threads):
-            torch.manual_seed(_request_seed(seed, self.rank, 0))
+            torch.manual_seed(_request_seed(seed, 0))
             for i in range(0, len(rows), self.batch_size):
                 samples += self._generate_batch(rows[i:i + self.batch_size], max_tokens,
                                                 temperature, top_p)
