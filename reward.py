@@ -43,7 +43,8 @@ TIME_BUDGET = 1.0     # seconds for the slow path of one verify call
 # ----------------------------------------------------------------------------- extraction
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
 _ANSWER_IS = re.compile(r"(?i)\banswer\b[*\s]*(?:is\b|:)[\s:*]*")
-_JOIN_GAP = re.compile(r"[\s,;$]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?")
+_JOIN_GAP = re.compile(r"[\s,;$]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
+                       r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
 
 
 def _brace_map(s):
@@ -117,7 +118,7 @@ def _answer_is(s):
             j = rest.find(b, len(a))
             if j > len(a):
                 return rest[len(a):j].strip()
-    line = re.split(r"\n|\.(?:\s|$)", rest, maxsplit=1)[0]
+    line = re.split(r"\n|\.(?:\s|$)|,?\s+(?:since|because|which|so|where|but)\b", rest, maxsplit=1)[0]
     line = line.strip(" *.")
     return line or None
 

@@ -321,6 +321,37 @@ def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
 
+# (gold, a whole model-style response, does it earn the reward?)
+RESPONSES = [
+    ("\\frac34", "...so the answer is $\\boxed{\\dfrac{3}{4}}$.", True),
+    ("(2,-1)", "**Final Answer**\n\\[\n\\boxed{(2, -1)}\n\\]", True),
+    ("12", "The final answer is \\(\\boxed{12}\\).", True),
+    ("18.9", "Therefore, the total cost is $\\$18.90$. The answer is $\\boxed{\\$18.90}$", True),
+    ("\\text{(C)}", "...\n\nThe final answer is $\\boxed{C}$", True),
+    ("-3, 2", "We get $x = \\boxed{2}$ or $x = \\boxed{-3}$.", True),
+    ("-3, 2", "We get $x = \\boxed{2}$, so $y = \\boxed{-3}$.", False),  # not a list: the last box
+    ("2, 3", "The solutions are $\\boxed{2}$ and $\\boxed{3}$.", True),
+    ("2", "Maybe $\\boxed{2}$ or $\\boxed{3}$.", False),  # hedging is not an answer
+    ("5", "<think>so x is 4... wait \\boxed{5}", True),
+    ("1.6", "Final Answer: The final answer is $1.6$. I hope it is correct.", True),
+    ("18", "The answer is 18.", True), ("18", "Janet makes 18 dollars.\n#### 18", True),
+    ("5", "The answer is 5, since 2 + 3 = 5.", True), ("5", "The answer is 5 because it is.", True),
+    ("(A)", "The answer is (A).", True), ("A", "Answer: (A) 12", True),
+    ("\\frac{1}{2}", "The probability is $\\frac{1}{2}$.", True),
+    ("\\frac{1}{2}", "The probability is one half", False),
+    ("7", "<think>\nThe answer is 6.\n</think>\nThe answer is $\\boxed{7}$.", True),
+    ("6", "<think>\nThe answer is 6.\n</think>\nThe answer is $\\boxed{7}$.", False),
+    ("3", "\\boxed{3} is wrong; the answer is 4.", True),  # a box beats "the answer is" anywhere
+    ("2", "x" * 50_000 + " so $\\boxed{2}$", True),
+]
+
+
+@pytest.mark.parametrize("gold,response,correct", RESPONSES)
+def test_responses(gold, response, correct):
+    assert verify(gold, response) is correct
+    assert math_reward(response, gold) == (1.0 if correct else 0.0)
+
+
 def test_extract_answer_rejects_non_strings():
     with pytest.raises(TypeError, match="str"):
         extract_answer(None)
