@@ -265,6 +265,8 @@ def _clean(s):
             break  # a unit follows a number, not an expression with letters (`2 xy`, `x^2 + 2 ab`)
         s = before.rstrip(" ,;:")
     s = re.sub(r"\binfinity\b|\\infinity|\+\s*\\infty", r"\\infty", s)
+    s = re.sub(r"(?i)^(?:all real numbers|the real numbers)$", r"(-\\infty,\\infty)", s)
+    s = re.sub(r"(?i)^(?:no (?:real )?solutions?|none|the empty set|empty set)$", r"\\emptyset", s)
     if "\\approx" in s or "≈" in s:  # `x \approx 3.14` -> 3.14, `\frac{1}{3} \approx 0.33` -> \frac{1}{3}
         lhs, rhs = (x.strip() for x in re.split(r"\\approx|≈", s, maxsplit=1))
         s = rhs if not lhs or _SIMPLE_LHS.fullmatch(lhs) else lhs
@@ -424,10 +426,8 @@ def _struct_equal(g, p, ctx):
         return g[1] == p[1] and len(g[2]) == len(p[2]) and all(map(eq, g[2], p[2]))
     if gk == "seq" and pk == "list" and g[1] == "()":  # (3, 2) vs 3, 2
         return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
-    if gk in ("list", "set") and (pk in ("list", "set") or pk == "seq" and p[1] in ("()", "[]")):
-        return _match_unordered(g[1], p[-1], eq)
-    if gk == "union" and pk == "union":
-        return _match_unordered(g[1], p[1], eq)
+    if gk in ("list", "set", "union") and (pk in ("list", "set", "union") or pk == "seq" and p[1] in ("()", "[]")):
+        return _match_unordered(g[1], p[-1], eq)  # `x < -2 or x > 3` is a union of intervals too
     if pk == "list" and gk not in ("list", "set"):  # the same answer twice: `\\boxed{1.5} or \\boxed{3/2}`
         return all(eq(g, x) for x in p[1])
     return False
