@@ -970,9 +970,10 @@ def _equal(gold, pred, rtol):
     if _key(g) == _key(p):
         return True
     m = _CHOICE.fullmatch(g)
-    if m:  # multiple choice: the gold is a letter; so must the prediction lead with one
+    if m:  # multiple choice: the gold is a letter; the prediction must lead with it and name no other
         mp = _CHOICE_PRED.match(p)
-        return bool(mp) and (mp.group(1) or mp.group(2)) == m.group(1)
+        letters = set(re.findall(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", p))
+        return bool(mp) and (mp.group(1) or mp.group(2)) == m.group(1) and len(letters) == 1
     ctx = (rtol, g_pct, p_pct, g_deg, p_deg)
     return _with_deadline(TIME_BUDGET, lambda: _struct_equal(_structure(g), _structure(p), ctx))
 

@@ -181,6 +181,7 @@ PAIRS = [
     # --- multiple-choice letters when the gold is a letter
     ("\\text{(C)}", "C", T), ("C", "(C)", T), ("C", "\\textbf{(C)}", T), ("C", "(C) 12", T), ("C", "D", F),
     ("(B)", "B", T), ("\\text{(E)}", "\\text{(E)}\\ 9", T), ("A", "B", F), ("B", "(B) $\\frac{1}{2}$", T),
+    ("A", "(A) and (B)", F), ("A", "A or B", F), ("C", "C: 12 cm", T), ("D", "\\textbf{(D)}\\ 4\\sqrt{2}", T),
     # --- complex numbers
     ("6 - 5i", "6-5i", T), ("6 - 5i", "6+5i", F), ("1+2i", "2i+1", T), ("-2 + 7i", "7i-2", T),
     ("1+\\sqrt{3} i", "1+i\\sqrt{3}", T), ("-8-8 \\sqrt{3} i", "-8(1+\\sqrt3 i)", T), ("3", "3i", F),
