@@ -478,8 +478,10 @@ _TOKEN = re.compile(r"\s*(?:(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)|
                     r"|([a-zA-Z]+)|(\*\*|\S))")
 _FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "arccot", "arcsec",
           "arccsc", "sinh", "cosh", "tanh", "coth", "arsinh", "arcosh", "artanh", "log", "ln", "lg", "exp"}
-_ALIAS = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "arcsinh": "arsinh", "arccosh": "arcosh",
-          "arctanh": "artanh", "sqrt": "\\sqrt", "pi": "\\pi", "infty": "\\infty"}
+_ALIAS = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "acot": "arccot", "asec": "arcsec",
+          "acsc": "arccsc", "asinh": "arsinh", "acosh": "arcosh", "atanh": "artanh", "arcsinh": "arsinh",
+          "arccosh": "arcosh", "arctanh": "artanh",
+          "sqrt": "\\sqrt", "pi": "\\pi", "infty": "\\infty"}
 _WORDS = sorted(_FUNCS | set(_ALIAS), key=len, reverse=True)  # longest first: "sinh" before "sin"
 _INVERSE = {"sin": "arcsin", "cos": "arccos", "tan": "arctan", "cot": "arccot", "sec": "arcsec",
             "csc": "arccsc", "sinh": "arsinh", "cosh": "arcosh", "tanh": "artanh"}

@@ -277,6 +277,37 @@ def test_pairs_symmetric(gold, pred, same):
     assert verify(pred, gold) is same, (pred, gold)
 
 
+def test_against_sympy_on_its_own_latex():
+    """An independent reference: expressions built in sympy, each printed by sympy.latex in several
+    equivalent forms (expanded, factored, simplified); every pair of forms must verify exactly when
+    sympy's own values agree (evaluated from sympy's trees at two points, so the reference never
+    goes through reward.py's LaTeX parser)."""
+    sp = pytest.importorskip("sympy")
+    x, y, n = sp.symbols("x y n", positive=True)
+    exprs = [x**2 + 2*x + 1, (x + 1)**2, x**2 + 1, sp.sin(x)**2 + sp.cos(x)**2, sp.Integer(1), sp.sqrt(8),
+             2*sp.sqrt(2), sp.Rational(1, 3), sp.Rational(1, 2), sp.exp(2*x), sp.exp(x)**2, sp.log(x*y),
+             sp.log(x) + sp.log(y), sp.pi/6, sp.asin(sp.Rational(1, 2)), sp.tan(x), sp.sin(x)/sp.cos(x),
+             sp.binomial(2*n, n), sp.factorial(n)/sp.factorial(n - 2), n*(n - 1), (x**3 - 1)/(x - 1),
+             x**2 + x + 1, sp.sqrt(x**2), x, -x, 1/(1 + sp.sqrt(2)), sp.sqrt(2) - 1, sp.Rational(7, 4) + sp.I,
+             sp.Rational(7, 4) - sp.I, sp.E**(sp.I*sp.pi), sp.Integer(-1), x*y/2, (x + y)**3,
+             x**3 + 3*x**2*y + 3*x*y**2 + y**3, sp.cos(2*x), 1 - 2*sp.sin(x)**2, sp.Rational(22, 7), sp.pi,
+             2**sp.Rational(1, 3), sp.root(16, 3)/2, sp.atan(x), sp.pi/2 - sp.acot(x)]
+    forms = []
+    for e in exprs:
+        latex = {sp.latex(e)} | {sp.latex(f(e)) for f in (sp.expand, sp.factor, sp.simplify, sp.together)}
+        forms += [(e, s) for s in sorted(latex)]
+    points = [{x: sp.Rational(13, 7), y: sp.Rational(5, 3), n: sp.Rational(29, 11)},
+              {x: sp.Rational(3, 10), y: sp.Rational(17, 4), n: sp.Rational(9, 2)}]
+    values = [[complex(e.evalf(30, subs=pt)) for pt in points] for e, _ in forms]
+    wrong = []
+    for i in range(len(forms)):
+        for j in range(i + 1, len(forms)):
+            same = all(abs(a - b) <= 1e-12 * max(1, abs(a)) for a, b in zip(values[i], values[j]))
+            if verify(forms[i][1], forms[j][1]) is not same:
+                wrong.append((forms[i][1], forms[j][1], same))
+    assert len(forms) > 50 and not wrong, wrong[:5]
+
+
 def test_relative_tolerance_is_configurable():
     assert verify("\\frac{1}{3}", "0.333") is False
     assert verify("\\frac{1}{3}", "0.333", rel_tol=1e-2) is True
