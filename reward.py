@@ -899,6 +899,12 @@ def _trees_equal(gt, pt, names, rtol, ratio, B):
     return "exact" if exact else True
 
 
+def _sig_digits(s):
+    """Number of significant digits of a plain decimal literal (`0.0350` -> 3), else None."""
+    m = re.fullmatch(r"[-+]?(\d*)\.(\d+)(?:[eE][-+]?\d+)?", s.strip())
+    return len((m.group(1) + m.group(2)).lstrip("0")) if m else None
+
+
 def _value_equal(g, p, ctx, ratio=False):
     """Two scalar expressions: parsed, evaluated, compared; percent and degree readings tried."""
     rtol, g_pct, p_pct, g_deg, p_deg = ctx
@@ -908,6 +914,8 @@ def _value_equal(g, p, ctx, ratio=False):
     (gt, g_dec, g_syms), (pt, p_dec, p_syms) = G, P
     names = sorted(g_syms | p_syms)
     tol = rtol if g_dec or p_dec else 0
+    if _sig_digits(g) is not None and _sig_digits(g) == _sig_digits(p):
+        tol = 0  # two decimals written to the same precision: 4813.24 is not 4813.25
     hundredth = ("/", ("n", Fraction(1)), ("n", Fraction(100)))
     deg = ("/", ("sym", "pi"), ("n", Fraction(180)))
     has_pi = lambda t: ("sym", "pi") in _nodes(t)

@@ -9,6 +9,7 @@ import faulthandler
 import json
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -32,6 +33,8 @@ PAIRS = [
     ("0", "0.0001", F), ("100", "1000", F), ("1000", "1,001", F), ("5", "50", F),
     (".0000672", "6.72 \\times 10^{-5}", T), (".35625", "0.35625", T), ("326.5", "326.50", T),
     ("7", "7.5", F), ("2", "2.", T), ("-0.875", "-\\frac{7}{8}", T),
+    ("4813.24", "4813.25", F), ("\\$4813.24", "4813.24", T), ("0.35625", "0.35626", F), ("3.14159", "3.1416", T),
+    ("2.7778e-6", "2.7779e-6", F), ("1.6", "1.7", F), ("0.5", "0.50", T),
     # --- fractions, mixed numbers
     ("\\frac{1}{2}", "1/2", T), ("\\frac12", "\\frac{1}{2}", T), ("\\dfrac{3}{4}", "\\tfrac34", T),
     ("\\frac{1}{2}", "\\frac{2}{4}", T), ("\\frac{1}{2}", "2", F), ("1/2", "2", F),
@@ -561,3 +564,27 @@ def test_every_gold_answer_verifies_against_itself_and_its_solution():
                     failures.append((name, gold, p[-200:]))
     assert checked > 20_000
     assert not failures, f"{len(failures)} of {checked} failed, e.g. {failures[:5]}"
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"benchmark files not found at {DATA}")
+def test_gold_answers_with_a_number_changed_do_not_verify():
+    """The negative side on real answers: add 1 to one number of each gold (not a unit's exponent,
+    not in an `\\approx` aside) and the result must not verify against the gold."""
+    rng, false_positives, checked = random.Random(0), [], 0
+    for name in sorted(os.listdir(DATA)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(DATA, name), encoding="utf-8") as f:
+            golds = [json.loads(line)["answer"] for line in f if line.strip()]
+        for gold in golds:
+            nums = [m for m in re.finditer(r"\d+", gold)
+                    if not re.search(r"(?:\\mbox|\\text)\{[^}]*\}\^\{?$", gold[:m.start()])]
+            if not nums or "\\approx" in gold:
+                continue
+            m = rng.choice(nums)
+            wrong = gold[:m.start()] + str(int(m.group()) + 1) + gold[m.end():]
+            checked += 1
+            if verify(gold, wrong):
+                false_positives.append((name, gold, wrong))
+    assert checked > 10_000
+    assert not false_positives, f"{len(false_positives)} of {checked}: {false_positives[:5]}"
