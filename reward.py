@@ -36,7 +36,7 @@ __all__ = ["extract_answer", "verify", "math_reward"]
 MAX_TEXT = 200_000    # characters of a response looked at (the tail: answers come last)
 MAX_ANSWER = 2_000    # an extracted answer longer than this is compared as a plain string only
 MAX_EXPR = 600        # a single scalar longer than this is compared as a plain string only
-EXACT_BITS = 20_000   # exact rationals larger than this switch to floating point
+EXACT_BITS = 20_000   # bits of an exact rational: larger powers go to floats, larger results are undecided
 TIME_BUDGET = 1.0     # seconds for the slow path of one verify call
 
 
@@ -174,11 +174,12 @@ def _final_answer(s):
 # ----------------------------------------------------------------------------- cleaning
 _TEXT = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textup|texttt|mathrm|mathbf|mathit|mathsf|"
                    r"mathtt|mbox|operatorname|boldsymbol|bm|hbox)\s*\{")
-_UNITISH = re.compile(r"[\s~]*[a-zA-Z]+(?:(?:\s*[/^.*]\s*|\s+)[a-zA-Z0-9{}-]+)*[\s~.]*")  # words split by / ^ . * or space
+# words split by / ^ . * or spaces (a separator is required: `(a+)*`-style patterns backtrack forever)
+_UNITISH = re.compile(r"[\s~]*[a-zA-Z]+(?:(?:\s*[/^.*]\s*|\s+)[a-zA-Z0-9{}-]+)*[\s~.]*")
 _MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "sqrt", "pi", "and",
                "or", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "mod", "in", "infty"}
 _UNIT_TAIL = re.compile(r"(?<![\\a-zA-Z])((?:square |sq\.? |cubic )?[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?"
-                        r"(?:(?:\s*[/*]\s*|\s+)[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?)*)\.?\s*$")  # words split by / * or space
+                        r"(?:(?:\s*[/*]\s*|\s+)[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?)*)\.?\s*$")
 _UNITS = {"cm", "mm", "km", "nm", "kg", "mg", "ml", "ft", "in", "yd", "mi", "hr", "hrs", "min", "sec",
           "mph", "kmh", "kph", "mol", "rad", "deg", "sq", "eV", "kJ", "kW", "Hz", "Pa",
           "m", "s", "g", "h", "l", "K", "J", "W", "N", "V"}  # single letters only inside `m/s`
@@ -186,17 +187,20 @@ _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _SIMPLE_LHS = re.compile(r"(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?(?:\([a-zA-Z0-9, ]*\))?")
 _NB = r"(?![a-zA-Z])"  # the end of a command name
 _CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
-    (r"(?<=\d)\{,\}(?=\d{3}(?!\d))|(?<=\d),\\!\s*(?=\d{3}(?!\d))", ""), (r"\{,\}", "."),  # 1{,}000, 10,\!080, 3{,}5
+    (r"(?<=\d)\{,\}(?=\d{3}(?!\d))|(?<=\d),\\!\s*(?=\d{3}(?!\d))", ""),  # 1{,}000, 10,\!080
+    (r"\{,\}", "."),                                                # 3{,}5
     (r"(?<!\\)\\[()\[\]]", " "),                                    # \( \) \[ \] delimiters
     (r"\\(?:left|right|[bB]igg?[lr]?)" + _NB + r"(?:\s*\.)?", ""),  # \left( -> (, \right. -> nothing
     (r"(?<!\\)\\[,:;!> ]", " "), (r"\\q?quad" + _NB, ","),         # spacing; \quad separates answers
     (r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|mathstrut)" + _NB, ""),
     (r"\\[dtc]frac" + _NB, r"\\frac"), (r"\\[dt]binom" + _NB, r"\\binom"),
-    (r"\\(?:leqslant|leq|le)" + _NB + "|<=|≤", r" \\le "), (r"\\(?:geqslant|geq|ge)" + _NB + "|>=|≥", r" \\ge "),
-    (r"\\(?:neq|ne)" + _NB + "|!=", r" \\ne "), (r"\\(?:varnothing|empty)" + _NB + r"|\\\{\s*\\\}", r"\\emptyset"),
+    (r"\\(?:leqslant|leq|le)" + _NB + "|<=|≤", r" \\le "),
+    (r"\\(?:geqslant|geq|ge)" + _NB + "|>=|≥", r" \\ge "), (r"\\(?:neq|ne)" + _NB + "|!=", r" \\ne "),
+    (r"\\(?:varnothing|empty)" + _NB + r"|\\\{\s*\\\}", r"\\emptyset"),
     (r"\\langle" + _NB, "("), (r"\\rangle" + _NB, ")"), (r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime" + _NB, "'"),
     (r"\b(?:np|math|sp|sympy)\.", ""), (r"\\mathbb\s*\{?R\}?", r"(-\\infty,\\infty)"),
-    (r"−", "-"), (r"×", r"\\times "), (r"·", r"\\cdot "), (r"π", r"\\pi "), (r"∞", r"\\infty "), (r"√", r"\\sqrt"),
+    (r"−", "-"), (r"×", r"\\times "), (r"·", r"\\cdot "), (r"π", r"\\pi "), (r"∞", r"\\infty "),
+    (r"√", r"\\sqrt"),
 ]]
 
 
@@ -261,7 +265,9 @@ def _clean(s):
         if not m or not _is_unit(m.group(1), glued=not s[:m.start()][-1:].isspace()):
             break
         before = s[:m.start()].rstrip()
-        if not re.search(r"(?:\d|\\[a-zA-Z]+)[\s})\]]*$", before) or not re.search(r"\d", before) or re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", before)):
+        free_letters = re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", before))
+        ends_in_value = re.search(r"(?:\d|\\[a-zA-Z]+)[\s})\]]*$", before) and re.search(r"\d", before)
+        if free_letters or not ends_in_value:
             break  # a unit follows a number, not an expression with letters (`2 xy`, `x^2 + 2 ab`)
         s = before.rstrip(" ,;:")
     s = re.sub(r"\binfinity\b|\\infinity|\+\s*\\infty", r"\\infty", s)
@@ -323,7 +329,8 @@ _MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end
 def _interval(s):
     """`a < x \\le b`, `x > a`, `x \\le b` as an interval structure, else None."""
     p = [x.strip() for x in _INEQ.split(s)]
-    if len(p) not in (3, 5) or not all(p[0::2]) or len(set(p[1::2]) & {"<", "\\le"}) not in (0, len(set(p[1::2]))):
+    ops = set(p[1::2])
+    if len(p) not in (3, 5) or not all(p[0::2]) or len(ops & {"<", "\\le"}) not in (0, len(ops)):
         return None  # not a chain in one direction
     if p[1] in (">", "\\ge"):  # read it from the other end
         p = [{">": "<", "\\ge": "\\le"}.get(x, x) for x in reversed(p)]
@@ -426,7 +433,8 @@ def _struct_equal(g, p, ctx):
         return g[1] == p[1] and len(g[2]) == len(p[2]) and all(map(eq, g[2], p[2]))
     if gk == "seq" and pk == "list" and g[1] == "()":  # (3, 2) vs 3, 2
         return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
-    if gk in ("list", "set", "union") and (pk in ("list", "set", "union") or pk == "seq" and p[1] in ("()", "[]")):
+    bag = ("list", "set", "union")
+    if gk in bag and (pk in bag or pk == "seq" and p[1] in ("()", "[]")):
         return _match_unordered(g[1], p[-1], eq)  # `x < -2 or x > 3` is a union of intervals too
     if pk == "list" and gk not in ("list", "set"):  # the same answer twice: `\\boxed{1.5} or \\boxed{3/2}`
         return all(eq(g, x) for x in p[1])
@@ -720,7 +728,8 @@ def _real_gamma(z):
     return complex(math.gamma(z.real))
 
 
-_FLOAT = _backend(cmath, complex, gamma=_real_gamma, finite=cmath.isfinite, floor=lambda z: math.floor(z.real))
+_FLOAT = _backend(cmath, complex, gamma=_real_gamma, finite=cmath.isfinite,
+                  floor=lambda z: math.floor(z.real))
 _MP = None
 
 
@@ -736,8 +745,10 @@ def _mp_backend():
         def small(f):  # trig/exp/gamma of a huge argument needs a huge-precision reduction: refuse
             return lambda z: f(z) if abs(z) < 1e6 else _raise(_Undecided("argument too large"))
 
-        B = _backend(c, lambda x: c.mpc(c.mpf(x.numerator) / x.denominator) if isinstance(x, Fraction) else c.mpc(x),
-                     floor=lambda z: int(c.floor(z.real)),
+        def conv(x):
+            return c.mpc(c.mpf(x.numerator) / x.denominator) if isinstance(x, Fraction) else c.mpc(x)
+
+        B = _backend(c, conv, floor=lambda z: int(c.floor(z.real)),
                      finite=lambda x: c.isfinite(x) and (x == 0 or c.mag(x) < 100_000))  # |x| < 2^100000
         for f in ("exp", "sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh", "coth"):
             B[f] = small(B[f])
@@ -815,7 +826,8 @@ def _floor(B, n, x):
 
 # How each tree node is computed, given the backend B, the node n and its evaluated children.
 _OPS = {"neg": lambda B, n, a: -a, "+": lambda B, n, *a: sum(a[1:], a[0]), "*": lambda B, n, a, b: a * b,
-        "/": lambda B, n, a, b: a / b, "^": lambda B, n, a, b: _pow(B, a, b), "fn": lambda B, n, a: B[n[1]](a),
+        "/": lambda B, n, a, b: a / b, "^": lambda B, n, a, b: _pow(B, a, b),
+        "fn": lambda B, n, a: B[n[1]](a),
         "log": lambda B, n, a, b: B["log"](a) / B["log"](b), "sqrt": lambda B, n, a: B["sqrt"](a),
         "root": _root, "abs": lambda B, n, a: abs(a) if B is None else B["conv"](abs(a)),
         "floor": _floor, "ceil": _floor, "fact": lambda B, n, a: B["gamma"](a + 1),
@@ -875,6 +887,11 @@ def _close(a, b, rtol, B):
     return abs(a - b) <= max(rtol, noise) * max(abs(a), abs(b)) + (0 if rtol else noise * 1e-3)
 
 
+def _arith(f, a, b, B):
+    """f(a, b), exact for two Fractions, else in backend B (mpmath does not take Fractions)."""
+    return f(a, b) if isinstance(a, Fraction) and isinstance(b, Fraction) else f(_conv(a, B), _conv(b, B))
+
+
 def _trees_equal(gt, pt, names, rtol, ratio, B):
     """Evaluate both trees at seeded points; True/False, or _Undecided propagates.
     Returns 'exact' when every comparison was between exact rationals."""
@@ -890,9 +907,9 @@ def _trees_equal(gt, pt, names, rtol, ratio, B):
                     return False
                 continue
             if c is None:
-                c = a / b if isinstance(a, Fraction) and isinstance(b, Fraction) else _conv(a, B) / _conv(b, B)
+                c = _arith(lambda u, v: u / v, a, b, B)
                 continue
-            b = b * c if isinstance(b, Fraction) and isinstance(c, Fraction) else _conv(b, B) * _conv(c, B)
+            b = _arith(lambda u, v: u * v, b, c, B)
         exact = exact and isinstance(a, Fraction) and isinstance(b, Fraction)
         if not _close(a, b, rtol, B):
             return False
@@ -1005,7 +1022,8 @@ def verify(gold, pred, *, rel_tol=1e-4):
             raise TypeError(f"verify: {name} must be a str, got {type(x).__name__}")
     try:
         gold, pred = str(gold)[-MAX_TEXT:], str(pred)[-MAX_TEXT:]
-        if re.sub(r"[\s$]", "", gold) == re.sub(r"[\s$]", "", pred):
+        short = max(len(gold), len(pred)) < MAX_ANSWER
+        if short and re.sub(r"[\s$]", "", gold) == re.sub(r"[\s$]", "", pred):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
         return bool(_equal(_final_answer(gold), _final_answer(pred), rel_tol))
     except (Exception, _Timeout):

@@ -65,9 +65,11 @@ def perturb(gold, other, rng):
 
 
 def response(answer, rng):
-    think = " ".join(rng.choice(["Let $x = 3$.", "Then $x^2 + 1 = 10$.", "We compute $\\frac{1}{2} + \\frac{1}{3}$.",
-                                 "So the sum is $12$.", "Check: $2 \\cdot 6 = 12$."]) for _ in range(30))
-    return f"<think>\n{think}\n</think>\n\nThe computation gives the result.\nTherefore, the final answer is $\\boxed{{{answer}}}$."
+    steps = ["Let $x = 3$.", "Then $x^2 + 1 = 10$.", "We compute $\\frac{1}{2} + \\frac{1}{3}$.",
+             "So the sum is $12$.", "Check: $2 \\cdot 6 = 12$."]
+    think = " ".join(rng.choice(steps) for _ in range(30))
+    return (f"<think>\n{think}\n</think>\n\nThe computation gives the result.\n"
+            f"Therefore, the final answer is $\\boxed{{{answer}}}$.")
 
 
 def realistic_pairs(data, limit):
