@@ -184,7 +184,8 @@ _UNITS = {"cm", "mm", "km", "nm", "kg", "mg", "ml", "ft", "in", "yd", "mi", "hr"
           "mph", "kmh", "kph", "mol", "rad", "deg", "sq", "eV", "kJ", "kW", "Hz", "Pa",
           "m", "s", "g", "h", "l", "K", "J", "W", "N", "V"}  # single letters only inside `m/s`
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_SIMPLE_LHS = re.compile(r"(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?(?:\([a-zA-Z0-9, ]*\))?")
+_SIMPLE_LHS = re.compile(r"(?:\\angle\s*|m\s*\\angle\s*)?(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
+                         r"(?:\^\{?-1\}?)?(?:\([a-zA-Z0-9, ]*\))?")  # x, f(x), a_{n}, f^{-1}(x), \angle ABC
 _NB = r"(?![a-zA-Z])"  # the end of a command name
 _CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
     (r"(?<=\d)\{,\}(?=\d{3}(?!\d))|(?<=\d),\\!\s*(?=\d{3}(?!\d))", ""),  # 1{,}000, 10,\!080
@@ -270,7 +271,8 @@ def _clean(s):
         if free_letters or not ends_in_value:
             break  # a unit follows a number, not an expression with letters (`2 xy`, `x^2 + 2 ab`)
         s = before.rstrip(" ,;:")
-    s = re.sub(r"\binfinity\b|\\infinity|\+\s*\\infty", r"\\infty", s)
+    s = re.sub(r"\b(?:infinity|inf|oo)\b|\\infinity|\+\s*\\infty", r"\\infty", s)
+    s = re.sub(r"^(-?)(\d+) (\d+)/(\d+)$", r"\1(\2+\3/\4)", s)  # the mixed number 7 3/4
     s = re.sub(r"(?i)^(?:all real numbers|the real numbers)$", r"(-\\infty,\\infty)", s)
     s = re.sub(r"(?i)^(?:no (?:real )?solutions?|none|the empty set|empty set)$", r"\\emptyset", s)
     if "\\approx" in s or "≈" in s:  # `x \approx 3.14` -> 3.14, `\frac{1}{3} \approx 0.33` -> \frac{1}{3}
