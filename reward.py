@@ -16,6 +16,15 @@ How `verify` decides, cheapest first (most pairs never get past step 2):
      numeric engine, installed with sympy), so 2^{60}+x and 2^{60}+1+x do not meet at float precision.
      This is identity testing: it never calls sympy.simplify, whose run time has no bound.
 
+Conventions (each a choice some grader makes differently): `\\log` is natural, `e` and `i` are the
+constants, `\\sqrt53` is sqrt(5)*3 as LaTeX renders it; free symbols are sampled positive (answers
+assume sqrt(x^2) = x), and negative too when |x|, floor or ceil appear; `rel_tol` (1e-4) applies when
+a side is written as a decimal, except two decimals with the same number of significant digits,
+which must agree (4813.24 != 4813.25); `%` follows the gold (50% = 50 = 0.5, but 50 != 0.5); units
+and words after a number are ignored (5 cm = 5), but not letters after an expression (2 xy != 2);
+a letter gold (A-J) takes only that letter; bare lists and sets are unordered, tuples and intervals
+ordered with their brackets; `x = 5` stands for 5, and equations match up to a constant factor.
+
 Never hangs: every input is length-capped; the parser caps tokens and nesting; exact integer powers
 and factorials are only computed below a size bound (else floats, whose overflow is an answer of
 "undecidable", i.e. not equal); and the slow path runs under a deadline implemented with
