@@ -198,7 +198,7 @@ PAIRS = [
     # ... but letters after a number are not always a unit
     ("2ab", "2", F), ("x^2 + 2 xy", "x^2+2", F), ("\\frac{1}{2} bh", "\\frac{1}{2}", F),
     ("\\frac{37}{4} m", "\\frac{37}{4}", F),
-    ("2 \\pi r", "2\\pi", F), ("3 xyz", "3", F),
+    ("2 \\pi r", "2\\pi", F), ("3 xyz", "3", F), ("x^2 + 2 abc", "x^2 + 2", F), ("n + 1 ways", "n + 1", F),
     # --- LaTeX noise
     ("3", "\\displaystyle 3", T), ("\\frac{1}{2}", "\\left(\\frac{1}{2}\\right)", T), ("3", "$3$", T),
     ("3", "3.", T), ("\\frac{1}{2}", "\\!\\frac{1}{2}", T), ("4", "\\,4\\,", T), ("3", "\\(3\\)", T),
