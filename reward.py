@@ -10,10 +10,10 @@ How `verify` decides, cheapest first (most pairs never get past step 2):
      removed, giving a canonical string; equal strings are equal answers;
   3. structure: tuples and intervals (ordered, brackets must match), sets and bare lists (unordered),
      unions, matrices, `\\pm`, equations (`x = 2` vs `2`), inequalities (as intervals), letters;
-  4. value: each scalar is parsed by a small LaTeX/plain-text parser into a tree and evaluated:
-     exactly (Fractions) when it is rational, at 3 seeded rational points for its free symbols, and
-     in complex floats otherwise. Equal floats are then confirmed at 50 digits with mpmath (sympy's
-     numeric engine, installed with sympy), so 2^{60}+x and 2^{60}+1+x do not meet at float precision.
+  4. value: each scalar is parsed into a tree and evaluated by mathexpr.py: exactly (Fractions)
+     when it is rational, at 3 seeded rational points for its free symbols, and in complex floats
+     otherwise. Equal floats are then confirmed at 50 digits with mpmath (sympy's numeric engine,
+     installed with sympy), so 2^{60}+x and 2^{60}+1+x do not meet at float precision.
      This is identity testing: it never calls sympy.simplify, whose run time has no bound.
 
 Conventions (each a choice some grader makes differently): `\\log` is natural, `e` and `i` are the
@@ -25,27 +25,28 @@ and words after a number are ignored (5 cm = 5), but not letters after an expres
 a letter gold (A-J) takes only that letter; bare lists and sets are unordered, tuples and intervals
 ordered with their brackets; `x = 5` stands for 5, and equations match up to a constant factor.
 
-Never hangs: every input is length-capped; the parser caps tokens and nesting; exact integer powers
-and factorials are only computed below a size bound (else floats, whose overflow is an answer of
-"undecidable", i.e. not equal); and the slow path runs under a deadline implemented with
+Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
+(caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
+"undecided", i.e. not equal); and the slow path runs under a deadline implemented with
 sys.setprofile, which, unlike signal.alarm, works in any thread (trainer thread pools, vLLM or
-torchrun workers). A C call that the hook cannot interrupt is prevented by the size bounds.
+torchrun workers). A C call that the hook cannot interrupt is prevented by mathexpr's size bounds.
 """
-import cmath
 import functools
-import math
+import operator
 import re
 import sys
 import time
 import zlib
 from fractions import Fraction
 
+from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_backend
+
+_parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
+
 __all__ = ["extract_answer", "verify", "math_reward"]
 
 MAX_TEXT = 200_000    # characters of a response looked at (the tail: answers come last)
 MAX_ANSWER = 2_000    # an extracted answer longer than this is compared as a plain string only
-MAX_EXPR = 600        # a single scalar longer than this is compared as a plain string only
-EXACT_BITS = 20_000   # bits of an exact rational: larger powers go to floats, larger results are undecided
 TIME_BUDGET = 1.0     # seconds for the slow path of one verify call
 
 
@@ -132,17 +133,19 @@ def _answer_is(s):
     return line or None
 
 
+def _hashes(s):
+    """GSM8K's final answer: the rest of the line after the last `####`."""
+    i = s.rfind("####")
+    return s[i + 4:].split("\n", 1)[0].strip() or None if i >= 0 else None
+
+
 def _extract(s):
+    """The answer of the first rule that finds one (see extract_answer), or None."""
     for rule in (_last_boxed, _answer_is, _hashes, _last_math):
         ans = rule(s)
         if ans is not None and ans.strip():
             return ans.strip()
     return None
-
-
-def _hashes(s):
-    i = s.rfind("####")
-    return s[i + 4:].split("\n", 1)[0].strip() or None if i >= 0 else None
 
 
 def extract_answer(text):
@@ -453,17 +456,15 @@ def _struct_equal(g, p, ctx):
 
 
 # ----------------------------------------------------------------------------- scalars
-class _Undecided(Exception):
-    """The value of an expression cannot be computed safely (overflow, 0/0, unknown notation)."""
-
-
 def _split_eq(s):
+    """(left, right) of an equation `l = r` (of `a = b = c`, the outer two), else (None, s)."""
     parts = _split_top(s, "=")
     return (parts[0], parts[-1]) if len(parts) > 1 and parts[0] and parts[-1] else (None, s)
 
 
 def _constant(s):
-    t = _parse(s)
+    """Is s an expression without free symbols (`2 + 3` in `2 + 3 = 5`)?"""
+    t = parse(s)
     return t is not None and not t[2]
 
 
@@ -492,384 +493,6 @@ def _scalar_equal(g, p, ctx):
     return _value_equal(g, p, ctx)
 
 
-# ----------------------------------------------------------------------------- parser
-_TOKEN = re.compile(r"\s*(?:(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)|(\\[a-zA-Z]+|\\.)"
-                    r"|([a-zA-Z]+)|(\*\*|\S))")
-_FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "arccot", "arcsec",
-          "arccsc", "sinh", "cosh", "tanh", "coth", "arsinh", "arcosh", "artanh", "log", "ln", "lg", "exp"}
-_ALIAS = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "acot": "arccot", "asec": "arcsec",
-          "acsc": "arccsc", "asinh": "arsinh", "acosh": "arcosh", "atanh": "artanh", "arcsinh": "arsinh",
-          "arccosh": "arcosh", "arctanh": "artanh",
-          "sqrt": "\\sqrt", "pi": "\\pi", "infty": "\\infty"}
-_WORDS = sorted(_FUNCS | set(_ALIAS), key=len, reverse=True)  # longest first: "sinh" before "sin"
-_INVERSE = {"sin": "arcsin", "cos": "arccos", "tan": "arctan", "cot": "arccot", "sec": "arcsec",
-            "csc": "arccsc", "sinh": "arsinh", "cosh": "arcosh", "tanh": "artanh"}
-_ACCENTS = {"\\overline", "\\bar", "\\hat", "\\vec", "\\tilde", "\\dot", "\\ddot", "\\widehat",
-            "\\widetilde", "\\mathbb", "\\mathcal", "\\mathfrak", "\\underline", "\\check"}
-_NOT_ATOM = {"\\cdot", "\\times", "\\div", "\\ast", "\\rfloor", "\\rceil", "\\rvert", "\\}", "\\le",
-             "\\ge", "\\ne", "\\pm", "\\mp", "\\in", "\\cup", "\\cap", "\\to", "\\mid", "\\{", "\\emptyset",
-             "\\dots", "\\ldots", "\\cdots"}
-_CLOSER = {"(": ")", "[": "]", "{": "}", "|": "|", "\\lfloor": "\\rfloor", "\\lceil": "\\rceil",
-           "\\lvert": "\\rvert", "\\vert": "\\vert", "\\|": "\\|"}
-
-
-def _tokenize(s):
-    """[(kind, text)], kind in num/cmd/fn/sym/op; a run of letters is split into known names
-    (sin, sqrt, pi, ...) and single-letter symbols, so `2xy` is 2*x*y and `sqrt(x)` works."""
-    out = []
-    for m in _TOKEN.finditer(s):
-        num, cmd, word, op = m.groups()
-        if num:
-            out.append(("num", num))
-        elif cmd:
-            out.append(("fn", cmd[1:]) if cmd[1:] in _FUNCS else ("cmd", cmd))
-        elif op:
-            out.append(("op", "^" if op == "**" else op))
-        while word:
-            w = next((w for w in _WORDS if word.startswith(w)), word[0])
-            word, w = word[len(w):], _ALIAS.get(w, w)
-            out.append(("fn", w) if w in _FUNCS else ("cmd", w) if w[0] == "\\" else ("sym", w))
-    return out
-
-
-class _Parser:
-    """Recursive descent over tokens, building trees of tuples: ('n', Fraction), ('sym', name),
-    ('+', *terms), ('*'|'/'|'^', a, b), ('neg', a), ('fn', name, a), ('log', a, base), ('sqrt', a),
-    ('root', a, n), ('abs'|'floor'|'ceil'|'fact', a), ('binom', n, k), ('inf',).
-    `decimal` records a decimal literal (compare with tolerance), `syms` the free symbols."""
-
-    def __init__(self, s):
-        self.toks, self.i, self.depth, self.in_abs = _tokenize(s), 0, 0, 0
-        self.decimal, self.syms = False, set()
-        if len(self.toks) > 400:
-            raise _Undecided("too many tokens")
-
-    def peek(self, k=0):
-        return self.toks[self.i + k] if self.i + k < len(self.toks) else (None, None)
-
-    def take(self, expected=None):
-        tok = self.peek()
-        if expected is not None and tok[1] != expected:
-            raise _Undecided(f"expected {expected}, got {tok[1]}")
-        self.i += 1
-        return tok
-
-    def expr(self):  # a sum of signed terms
-        terms = [self.term()]
-        while self.peek()[1] in ("+", "-"):
-            terms.append(self.term())
-        return terms[0] if len(terms) == 1 else ("+",) + tuple(terms)
-
-    def term(self):  # a signed product: explicit * and /, and implicit multiplication
-        if self.peek()[1] in ("+", "-"):
-            sign = self.take()[1]
-            t = self.term()
-            return ("neg", t) if sign == "-" else t
-        node = self.power()
-        while True:
-            t = self.peek()[1]
-            if t in ("*", "\\cdot", "\\times", "\\ast", "/", "\\div"):
-                self.take()
-                node = ("/" if t in ("/", "\\div") else "*", node, self.signed())
-            elif self.starts_atom():
-                node = ("*", node, self.power())
-            else:
-                return node
-
-    def starts_atom(self):
-        kind, t = self.peek()
-        if kind == "cmd":
-            return t not in _NOT_ATOM
-        return kind in ("num", "sym", "fn") or t in ("(", "[", "{") or t == "|" and not self.in_abs
-
-    def power(self):  # atom, factorials, then ^ (right-associative; 2^-1 allowed)
-        self.depth += 1
-        if self.depth > 80:
-            raise _Undecided("nesting too deep")
-        node = self.atom()
-        while self.peek()[1] == "!":
-            self.take()
-            node = ("fact", node)
-        if self.peek()[1] == "^":
-            self.take()
-            node = ("^", node, self.signed())
-        self.depth -= 1
-        return node
-
-    def signed(self):  # the right operand of *, /, ^: 3/-4, 2^-1
-        if self.peek()[1] == "-":
-            self.take()
-            return ("neg", self.power())
-        return self.power()
-
-    def arg(self):
-        """One macro argument: a {group} or a single token (`\\frac43` reads 4, then 3)."""
-        kind, t = self.peek()
-        if kind == "num" and len(t) > 1 and t.isdigit():
-            self.toks[self.i] = ("num", t[1:])
-            return ("n", Fraction(int(t[0])))
-        return self.group("{") if t == "{" else self.atom()
-
-    def group(self, opener):
-        self.take(opener)
-        self.in_abs += opener in ("|", "\\lvert", "\\vert", "\\|")
-        e = self.expr()
-        self.in_abs -= opener in ("|", "\\lvert", "\\vert", "\\|")
-        self.take(_CLOSER[opener])
-        return e
-
-    def raw(self):
-        """The token text of a braced group or of one token, for names: x_{max}, \\vec{v}."""
-        if self.peek()[1] != "{":
-            return self.take()[1] or ""
-        start, depth = self.i, 0
-        while depth or self.i == start:
-            depth += {"{": 1, "}": -1}.get(self.take()[1], 0)
-            if self.i > len(self.toks):
-                raise _Undecided("unbalanced braces")
-        return "".join(t for _, t in self.toks[start + 1:self.i - 1])
-
-    def name(self, name):
-        """A symbol's full name with subscripts and primes: x_{max}, y', \\theta_w."""
-        while self.peek()[1] in ("_", "'"):
-            name += "'" if self.take()[1] == "'" else "_" + self.raw()
-        if name not in ("pi", "e", "i"):
-            self.syms.add(name)
-        return ("sym", name)
-
-    def atom(self):
-        kind, t = self.peek()
-        if kind == "num":
-            return self.number()
-        if kind == "fn":
-            return self.function(self.take()[1])
-        if t in ("(", "[", "{"):
-            return self.group(t)
-        if t in _CLOSER:  # |x|, \lvert x \rvert, \lfloor x \rfloor, \lceil x \rceil
-            return ({"\\lfloor": "floor", "\\lceil": "ceil"}.get(t, "abs"), self.group(t))
-        self.take()
-        if kind == "sym":
-            return self.name(t)
-        if kind != "cmd" or t in _NOT_ATOM:
-            raise _Undecided(f"unexpected {t!r}")
-        if t in ("\\frac", "\\binom"):
-            return ("/" if t == "\\frac" else "binom", self.arg(), self.arg())
-        if t == "\\sqrt":
-            if self.peek()[1] != "[":
-                return ("sqrt", self.arg())
-            n = self.group("[")
-            return ("root", self.arg(), n)
-        if t in ("\\pi", "\\infty"):
-            return ("sym", "pi") if t == "\\pi" else ("inf",)
-        if t in _ACCENTS:  # \vec{v}, \overline{AB}: a name
-            return self.name(t[1:] + "{" + self.raw() + "}")
-        return self.name(t[1:])  # \alpha, \hbar, \theta_w, ...
-
-    def number(self):
-        t = self.take()[1]
-        mantissa, _, exponent = t.lower().partition("e")
-        if len(mantissa) > 400 or exponent and abs(int(exponent)) > 400:
-            raise _Undecided("number too large")  # Fraction("1e999999999") would never return
-        self.decimal |= "." in t or "e" in t.lower()
-        if self.peek()[1] == "_":  # 52_8: a numeral in another base, an opaque name
-            return self.name(t)
-        if self.peek()[1] == "\\frac" and self.peek(1)[1] == "{" and t.isdigit():  # 1\frac{4}{5}
-            save = self.i
-            self.take()
-            a, b = self.arg(), self.arg()
-            if a[0] == b[0] == "n" and 0 <= a[1] < b[1]:
-                return ("n", int(t) + a[1] / b[1])
-            self.i = save
-        return ("n", Fraction(t))
-
-    def function(self, name):
-        """`\\sin x`, `\\sin(x)`, `\\sin^2 x`, `\\sin^{-1} x`, `\\log_2 8`, `\\ln 2`, `\\exp{a t}`."""
-        base, power = None, None
-        for _ in range(2):
-            if self.peek()[1] == "_" and name == "log":
-                self.take()
-                base = self.arg()
-            elif self.peek()[1] == "^":
-                self.take()
-                power = self.signed() if self.peek()[1] == "-" else self.arg()
-        if power in (("neg", ("n", 1)), ("n", -1)) and name in _INVERSE:
-            name, power = _INVERSE[name], None
-        if self.peek()[1] in ("(", "{"):
-            arg = self.group(self.peek()[1])
-        else:  # \sin 2x, \cos \frac{\pi}{3}: a product of powers, up to the next function
-            arg = self.power()
-            while self.starts_atom() and self.peek()[0] != "fn":
-                arg = ("*", arg, self.power())
-        if name == "lg" or name == "log" and base is not None:
-            node = ("log", arg, base if base is not None else ("n", Fraction(10)))
-        else:
-            node = ("fn", "log" if name == "ln" else name, arg)
-        return ("^", node, power) if power is not None else node
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _parse(s):
-    """(tree, has a decimal literal, free symbols) of one scalar expression, or None if unreadable."""
-    if len(s) > MAX_EXPR:
-        return None
-    try:
-        p = _Parser(s)
-        tree = p.expr()
-        return (tree, p.decimal, frozenset(p.syms)) if p.i == len(p.toks) else None
-    except (_Undecided, RecursionError, ValueError, ZeroDivisionError, IndexError):
-        return None
-
-
-# ----------------------------------------------------------------------------- evaluation
-def _backend(m, conv, **extra):
-    """The functions of one number type, by tree name: m is cmath (complex) or an mpmath context."""
-    B = {f: getattr(m, f) for f in ("sqrt", "exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh")}
-    B.update(arcsin=m.asin, arccos=m.acos, arctan=m.atan, arsinh=m.asinh, arcosh=m.acosh,
-             artanh=m.atanh, cot=lambda z: 1 / m.tan(z), sec=lambda z: 1 / m.cos(z),
-             csc=lambda z: 1 / m.sin(z), coth=lambda z: 1 / m.tanh(z), arccot=lambda z: m.atan(1 / z),
-             arcsec=lambda z: m.acos(1 / z), arccsc=lambda z: m.asin(1 / z), conv=conv,
-             pow=lambda x, y: x ** y, pi=conv(m.pi), e=conv(m.e), i=conv(1j), inf=conv(math.inf))
-    B.update(extra)
-    return B
-
-
-def _real_gamma(z):
-    if z.imag:
-        raise _Undecided("complex factorial")
-    return complex(math.gamma(z.real))
-
-
-_FLOAT = _backend(cmath, complex, gamma=_real_gamma, finite=cmath.isfinite,
-                  floor=lambda z: math.floor(z.real))
-_MP = None
-
-
-def _mp_backend():
-    """The same functions at 50 digits in a private mpmath context (so threads never fight over its
-    precision), built on first use: importing mpmath costs ~0.1 s that most processes never need."""
-    global _MP
-    if _MP is None:
-        import mpmath
-        c = mpmath.MPContext()
-        c.dps = 50
-
-        def small(f):  # trig/exp/gamma of a huge argument needs a huge-precision reduction: refuse
-            return lambda z: f(z) if abs(z) < 1e6 else _raise(_Undecided("argument too large"))
-
-        def conv(x):
-            return c.mpc(c.mpf(x.numerator) / x.denominator) if isinstance(x, Fraction) else c.mpc(x)
-
-        B = _backend(c, conv, floor=lambda z: int(c.floor(z.real)),
-                     finite=lambda x: c.isfinite(x) and (x == 0 or c.mag(x) < 100_000))  # |x| < 2^100000
-        for f in ("exp", "sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh", "coth"):
-            B[f] = small(B[f])
-        B["gamma"] = small(c.gamma)
-        # mpmath computes x**n for a huge integer n exactly, in one long loop no hook can interrupt
-        B["pow"] = lambda x, y: x ** y if abs(y) < 1000 else B["exp"](y * c.log(x))
-        _MP = B
-    return _MP
-
-
-def _raise(e):
-    raise e
-
-
-def _iroot(n, q):
-    """The integer q-th root of n >= 0 if n is a perfect q-th power, else None."""
-    if n.bit_length() > 2000:
-        return None
-    r = round(n ** (1.0 / q)) if n.bit_length() < 1000 else round(math.exp(math.log(n) / q))
-    return next((c for c in (r - 1, r, r + 1) if c >= 0 and c ** q == n), None)
-
-
-def _exact_pow(a, b):
-    """a**b as an exact Fraction when it is rational and not too large, else None."""
-    if b.denominator == 1:
-        n = b.numerator
-        if a == 0 and n < 0:
-            raise _Undecided("0 to a negative power")
-        bits = max(a.numerator.bit_length(), a.denominator.bit_length())
-        return a ** n if abs(a) in (0, 1) or abs(n) * bits <= EXACT_BITS else None
-    if a > 0 and b.denominator <= 64:  # 8^(2/3) = 4
-        num, den = _iroot(a.numerator, b.denominator), _iroot(a.denominator, b.denominator)
-        if num is not None and den is not None:
-            return _exact_pow(Fraction(num, den), Fraction(b.numerator))
-    return None
-
-
-def _exact(op, a):
-    """op on rationals a as an exact Fraction, or None when the result is irrational or too big."""
-    if op in ("neg", "+", "*", "/", "abs"):
-        return _OPS[op](None, None, *a)  # Fraction arithmetic is exact
-    if op in ("^", "sqrt"):
-        return _exact_pow(a[0], a[1] if op == "^" else Fraction(1, 2))
-    if op == "root" and a[1].denominator == 1 and 0 < a[1] <= 64:
-        r = _exact_pow(abs(a[0]), 1 / a[1])  # the real cube root of -8 is -2
-        return r if a[0] >= 0 or r is None else -r if a[1] % 2 else None
-    if op in ("floor", "ceil"):
-        return Fraction(math.floor(a[0]) if op == "floor" else math.ceil(a[0]))
-    if op == "fact" and a[0].denominator == 1 and 0 <= a[0] <= 1000:
-        return Fraction(math.factorial(int(a[0])))
-    if op == "binom" and all(x.denominator == 1 for x in a) and 0 <= a[0] <= 2000:
-        return Fraction(math.comb(int(a[0]), int(a[1])) if a[1] >= 0 else 0)
-    return None
-
-
-def _pow(B, x, y):
-    if x == 0:
-        if y.real > 0:
-            return Fraction(0)
-        raise _Undecided("0 to a non-positive power")
-    return B["pow"](x, y)
-
-
-def _root(B, n, x, k):
-    if x.imag == 0 and x.real < 0 and k.imag == 0 and float(k.real) % 2 == 1:
-        return -_pow(B, -x, 1 / k)  # odd roots of negatives are real
-    return _pow(B, x, 1 / k)
-
-
-def _floor(B, n, x):
-    if abs(x.imag) > 1e-12 * max(1.0, abs(x)):
-        raise _Undecided("floor of a complex number")
-    return Fraction(B["floor"](x) if n[0] == "floor" else -B["floor"](-x))
-
-
-# How each tree node is computed, given the backend B, the node n and its evaluated children.
-_OPS = {"neg": lambda B, n, a: -a, "+": lambda B, n, *a: sum(a[1:], a[0]), "*": lambda B, n, a, b: a * b,
-        "/": lambda B, n, a, b: a / b, "^": lambda B, n, a, b: _pow(B, a, b),
-        "fn": lambda B, n, a: B[n[1]](a),
-        "log": lambda B, n, a, b: B["log"](a) / B["log"](b), "sqrt": lambda B, n, a: B["sqrt"](a),
-        "root": _root, "abs": lambda B, n, a: abs(a) if B is None else B["conv"](abs(a)),
-        "floor": _floor, "ceil": _floor, "fact": lambda B, n, a: B["gamma"](a + 1),
-        "binom": lambda B, n, a, k: B["gamma"](a + 1) / (B["gamma"](k + 1) * B["gamma"](a - k + 1))}
-
-
-def _ev(n, env, B):
-    """Value of tree n with symbol values env: a Fraction while exact, else a number of backend B.
-    Raises _Undecided (or an ArithmeticError) when the value cannot be computed safely."""
-    op = n[0]
-    if op == "n":
-        return n[1]
-    if op in ("sym", "inf"):
-        return B[n[1]] if op == "sym" and n[1] in ("pi", "e", "i") else B["inf"] if op == "inf" else env[n[1]]
-    args = [_ev(a, env, B) for a in n[1:] if isinstance(a, tuple)]
-    if all(isinstance(a, Fraction) for a in args):
-        r = _exact(op, args)
-        if r is not None:
-            if max(r.numerator.bit_length(), r.denominator.bit_length()) > EXACT_BITS:
-                raise _Undecided("exact value too large")
-            return r
-    r = _OPS[op](B, n, *(_conv(a, B) for a in args))
-    if not isinstance(r, Fraction) and not B["finite"](r):
-        raise _Undecided("not finite")
-    return r
-
-
-def _conv(x, B):
-    return B["conv"](x) if isinstance(x, Fraction) else x
-
-
 # ----------------------------------------------------------------------------- comparison
 def _point(names, trial):
     """Seeded rational values in (1/3, 10.3) for the free symbols (crc32, so that every process
@@ -880,47 +503,42 @@ def _point(names, trial):
             for x in names}
 
 
-def _nodes(t):
-    yield t
-    for a in t[1:]:
-        if isinstance(a, tuple):
-            yield from _nodes(a)
-
-
 def _close(a, b, rtol, B):
     """Are a and b equal: exactly for two Fractions under rtol 0, else within rtol (plus float noise)."""
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b if rtol == 0 else abs(a - b) <= rtol * max(abs(a), abs(b))
-    a, b = _conv(a, B), _conv(b, B)
+    a, b = to_backend(a, B), to_backend(b, B)
     if a == B["inf"] or b == B["inf"] or a == -B["inf"] or b == -B["inf"]:
         return a == b
-    noise = 1e-9 if B is _FLOAT else 1e-35
+    noise = 1e-9 if B is FLOAT else 1e-35
     return abs(a - b) <= max(rtol, noise) * max(abs(a), abs(b)) + (0 if rtol else noise * 1e-3)
 
 
 def _arith(f, a, b, B):
     """f(a, b), exact for two Fractions, else in backend B (mpmath does not take Fractions)."""
-    return f(a, b) if isinstance(a, Fraction) and isinstance(b, Fraction) else f(_conv(a, B), _conv(b, B))
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return f(a, b)
+    return f(to_backend(a, B), to_backend(b, B))
 
 
 def _trees_equal(gt, pt, names, rtol, ratio, B):
-    """Evaluate both trees at seeded points; True/False, or _Undecided propagates.
+    """Evaluate both trees at seeded points; True/False, or Undecided propagates.
     Returns 'exact' when every comparison was between exact rationals."""
     exact, c = True, None
-    signed = any(n[0] in ("abs", "floor", "ceil") for t in (gt, pt) for n in _nodes(t))
+    signed = any(n[0] in ("abs", "floor", "ceil") for t in (gt, pt) for n in nodes(t))
     ratio = ratio and bool(names)  # two constant equations: compare their differences directly
     for trial in (0, 1, 2, 3) if names and signed else (0, 1, 2) if names else (0,):
         env = _point(names, trial)
-        a, b = _ev(gt, env, B), _ev(pt, env, B)
+        a, b = evaluate(gt, env, B), evaluate(pt, env, B)
         if ratio:  # equations: l1 - r1 = c (l2 - r2) for one constant c != 0
             if a == 0 or b == 0:
                 if not (a == 0 and b == 0):
                     return False
                 continue
             if c is None:
-                c = _arith(lambda u, v: u / v, a, b, B)
+                c = _arith(operator.truediv, a, b, B)
                 continue
-            b = _arith(lambda u, v: u * v, b, c, B)
+            b = _arith(operator.mul, b, c, B)
         exact = exact and isinstance(a, Fraction) and isinstance(b, Fraction)
         if not _close(a, b, rtol, B):
             return False
@@ -936,7 +554,7 @@ def _sig_digits(s):
 def _value_equal(g, p, ctx, ratio=False):
     """Two scalar expressions: parsed, evaluated, compared; percent and degree readings tried."""
     rtol, g_pct, p_pct, g_deg, p_deg = ctx
-    G, P = _parse(g), _parse(p)
+    G, P = parse(g), parse(p)
     if G is None or P is None:
         return False
     (gt, g_dec, g_syms), (pt, p_dec, p_syms) = G, P
@@ -946,7 +564,7 @@ def _value_equal(g, p, ctx, ratio=False):
         tol = 0  # two decimals written to the same precision: 4813.24 is not 4813.25
     hundredth = ("/", ("n", Fraction(1)), ("n", Fraction(100)))
     deg = ("/", ("sym", "pi"), ("n", Fraction(180)))
-    has_pi = lambda t: ("sym", "pi") in _nodes(t)
+    has_pi = lambda t: ("sym", "pi") in nodes(t)
     readings = [(gt, pt)]
     if g_pct != p_pct:  # 50% vs 0.5
         readings.append((("*", gt, hundredth), pt) if g_pct else (gt, ("*", pt, hundredth)))
@@ -956,17 +574,17 @@ def _value_equal(g, p, ctx, ratio=False):
         readings.append((gt, ("*", pt, deg)))
     for a, b in readings:
         try:
-            verdict = _trees_equal(a, b, names, tol, ratio, _FLOAT)
-        except (_Undecided, ArithmeticError, ValueError, TypeError):
+            verdict = _trees_equal(a, b, names, tol, ratio, FLOAT)
+        except (Undecided, ArithmeticError, ValueError, TypeError):
             verdict = None  # overflow or a singular point: let the 50-digit pass decide
         if verdict == "exact" or verdict is True and tol:
             return True
         if verdict is False:
             continue
         try:  # equal in floats, or undecided: confirm at 50 digits
-            if _trees_equal(a, b, names, tol, ratio, _mp_backend()):
+            if _trees_equal(a, b, names, tol, ratio, mp_backend()):
                 return True
-        except (_Undecided, ArithmeticError, ValueError, TypeError):
+        except (Undecided, ArithmeticError, ValueError, TypeError):
             pass
     return False
 

@@ -1,0 +1,445 @@
+"""mathexpr.py: a parser and evaluator of scalar math expressions in LaTeX or plain text, whose every
+call takes bounded time and memory (reward.py's value comparison is built on it).
+
+    parse(s)                  -> (tree, has a decimal literal, frozenset of free symbols), or None
+    evaluate(tree, env, B)    -> its value with symbol values env: a Fraction while exact, else a B number
+    FLOAT, mp_backend()       -> the two backends B: complex floats, and mpmath at 50 digits
+    to_backend(x, B), nodes(tree), Undecided (raised when a value cannot be computed safely)
+
+Syntax: `\\frac{a}{b}`, `\\frac43`, `\\sqrt[3]{x}`, `\\binom{n}{k}`, `|x|`, `\\lfloor x \\rfloor`, `n!`,
+`2^-1`, `x**2`, implicit products (`2xy`, `2\\pi r`), functions with or without parentheses
+(`\\sin^2 x`, `\\sin^{-1}(x)`, `\\log_2 8`, `ln 2`, `sqrt(x)`), names with subscripts, primes and
+accents (`x_{max}`, `y'`, `\\vec{v}`), `\\infty`, mixed numbers (`1\\frac{4}{5}` = 9/5). `\\log` is
+natural (`lg` is base 10), `e`, `i` and `\\pi` are the constants, and `\\sqrt53` is sqrt(5)*3, as
+LaTeX renders it.
+
+Trees are nested tuples: ('n', Fraction), ('sym', name), ('+', *terms), ('*'|'/'|'^', a, b), ('neg', a),
+('fn', name, a), ('log', a, base), ('sqrt', a), ('root', a, n), ('abs'|'floor'|'ceil'|'fact', a),
+('binom', n, k), ('inf',).
+
+Evaluation is exact (Fractions) while a node's value is rational: + - * /, integer powers, perfect
+roots (8^{2/3} = 4), floor and ceil, factorials and binomials of small integers. Other nodes are
+computed in a backend B, a dict of functions by tree name: FLOAT (cmath's complex floats, fast) or
+mp_backend() (a private 50-digit mpmath context, built on first use: importing mpmath costs ~0.1 s
+that most processes never need). A value that is not finite raises Undecided.
+
+Bounded cost: a C call such as a huge integer power cannot be interrupted by a Python-level
+deadline, so each one is prevented by a size bound up front. Not parsed: over MAX_EXPR characters
+or MAX_TOKENS tokens, nesting deeper than MAX_DEPTH, numerals over 400 characters or with an
+exponent over 400. Exact values have at most EXACT_BITS bits (a larger power goes to floats, whose
+overflow is Undecided; a larger exact result is Undecided); exact factorials go up to 1000!,
+binomials up to n = 2000. mpmath refuses exp/trig/gamma of |z| >= 1e6 (their argument reduction
+needs huge precision), computes x^y for |y| >= 1000 as exp(y log x), and treats |x| >= 2^100000
+as not finite.
+"""
+import cmath
+import functools
+import math
+import re
+from fractions import Fraction
+
+__all__ = ["parse", "evaluate", "FLOAT", "mp_backend", "to_backend", "nodes", "Undecided"]
+
+MAX_EXPR = 600        # characters of an expression that parse reads (longer: None)
+MAX_TOKENS = 400      # tokens of an expression that parse reads
+MAX_DEPTH = 80        # nesting of powers / groups that parse follows
+EXACT_BITS = 20_000   # bits of an exact rational: larger powers go to floats, larger results are undecided
+
+
+class Undecided(Exception):
+    """The value of an expression cannot be computed safely (overflow, 0/0, unknown notation)."""
+
+
+# ----------------------------------------------------------------------------- parser
+_TOKEN = re.compile(r"\s*(?:(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)|(\\[a-zA-Z]+|\\.)"
+                    r"|([a-zA-Z]+)|(\*\*|\S))")
+_FUNCS = {"sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "arccot", "arcsec",
+          "arccsc", "sinh", "cosh", "tanh", "coth", "arsinh", "arcosh", "artanh", "log", "ln", "lg", "exp"}
+_ALIAS = {"asin": "arcsin", "acos": "arccos", "atan": "arctan", "acot": "arccot", "asec": "arcsec",
+          "acsc": "arccsc", "asinh": "arsinh", "acosh": "arcosh", "atanh": "artanh", "arcsinh": "arsinh",
+          "arccosh": "arcosh", "arctanh": "artanh",
+          "sqrt": "\\sqrt", "pi": "\\pi", "infty": "\\infty"}
+_WORDS = sorted(_FUNCS | set(_ALIAS), key=len, reverse=True)  # longest first: "sinh" before "sin"
+_INVERSE = {"sin": "arcsin", "cos": "arccos", "tan": "arctan", "cot": "arccot", "sec": "arcsec",
+            "csc": "arccsc", "sinh": "arsinh", "cosh": "arcosh", "tanh": "artanh"}
+_ACCENTS = {"\\overline", "\\bar", "\\hat", "\\vec", "\\tilde", "\\dot", "\\ddot", "\\widehat",
+            "\\widetilde", "\\mathbb", "\\mathcal", "\\mathfrak", "\\underline", "\\check"}
+_NOT_ATOM = {"\\cdot", "\\times", "\\div", "\\ast", "\\rfloor", "\\rceil", "\\rvert", "\\}", "\\le",
+             "\\ge", "\\ne", "\\pm", "\\mp", "\\in", "\\cup", "\\cap", "\\to", "\\mid", "\\{", "\\emptyset",
+             "\\dots", "\\ldots", "\\cdots"}
+_CLOSER = {"(": ")", "[": "]", "{": "}", "|": "|", "\\lfloor": "\\rfloor", "\\lceil": "\\rceil",
+           "\\lvert": "\\rvert", "\\vert": "\\vert", "\\|": "\\|"}
+
+
+def _tokenize(s):
+    """[(kind, text)], kind in num/cmd/fn/sym/op; a run of letters is split into known names
+    (sin, sqrt, pi, ...) and single-letter symbols, so `2xy` is 2*x*y and `sqrt(x)` works."""
+    out = []
+    for m in _TOKEN.finditer(s):
+        num, cmd, word, op = m.groups()
+        if num:
+            out.append(("num", num))
+        elif cmd:
+            out.append(("fn", cmd[1:]) if cmd[1:] in _FUNCS else ("cmd", cmd))
+        elif op:
+            out.append(("op", "^" if op == "**" else op))
+        while word:
+            w = next((w for w in _WORDS if word.startswith(w)), word[0])
+            word, w = word[len(w):], _ALIAS.get(w, w)
+            out.append(("fn", w) if w in _FUNCS else ("cmd", w) if w[0] == "\\" else ("sym", w))
+    return out
+
+
+class _Parser:
+    """Recursive descent over tokens, building trees of tuples: ('n', Fraction), ('sym', name),
+    ('+', *terms), ('*'|'/'|'^', a, b), ('neg', a), ('fn', name, a), ('log', a, base), ('sqrt', a),
+    ('root', a, n), ('abs'|'floor'|'ceil'|'fact', a), ('binom', n, k), ('inf',).
+    `decimal` records a decimal literal (compare with tolerance), `syms` the free symbols."""
+
+    def __init__(self, s):
+        self.toks, self.i, self.depth, self.in_abs = _tokenize(s), 0, 0, 0
+        self.decimal, self.syms = False, set()
+        if len(self.toks) > MAX_TOKENS:
+            raise Undecided("too many tokens")
+
+    def peek(self, k=0):
+        return self.toks[self.i + k] if self.i + k < len(self.toks) else (None, None)
+
+    def take(self, expected=None):
+        tok = self.peek()
+        if expected is not None and tok[1] != expected:
+            raise Undecided(f"expected {expected}, got {tok[1]}")
+        self.i += 1
+        return tok
+
+    def expr(self):  # a sum of signed terms
+        terms = [self.term()]
+        while self.peek()[1] in ("+", "-"):
+            terms.append(self.term())
+        return terms[0] if len(terms) == 1 else ("+",) + tuple(terms)
+
+    def term(self):  # a signed product: explicit * and /, and implicit multiplication
+        if self.peek()[1] in ("+", "-"):
+            sign = self.take()[1]
+            t = self.term()
+            return ("neg", t) if sign == "-" else t
+        node = self.power()
+        while True:
+            t = self.peek()[1]
+            if t in ("*", "\\cdot", "\\times", "\\ast", "/", "\\div"):
+                self.take()
+                node = ("/" if t in ("/", "\\div") else "*", node, self.signed())
+            elif self.starts_atom():
+                node = ("*", node, self.power())
+            else:
+                return node
+
+    def starts_atom(self):
+        kind, t = self.peek()
+        if kind == "cmd":
+            return t not in _NOT_ATOM
+        return kind in ("num", "sym", "fn") or t in ("(", "[", "{") or t == "|" and not self.in_abs
+
+    def power(self):  # atom, factorials, then ^ (right-associative; 2^-1 allowed)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise Undecided("nesting too deep")
+        node = self.atom()
+        while self.peek()[1] == "!":
+            self.take()
+            node = ("fact", node)
+        if self.peek()[1] == "^":
+            self.take()
+            node = ("^", node, self.signed())
+        self.depth -= 1
+        return node
+
+    def signed(self):  # the right operand of *, /, ^: 3/-4, 2^-1
+        if self.peek()[1] == "-":
+            self.take()
+            return ("neg", self.power())
+        return self.power()
+
+    def arg(self):
+        """One macro argument: a {group} or a single token (`\\frac43` reads 4, then 3)."""
+        kind, t = self.peek()
+        if kind == "num" and len(t) > 1 and t.isdigit():
+            self.toks[self.i] = ("num", t[1:])
+            return ("n", Fraction(int(t[0])))
+        return self.group("{") if t == "{" else self.atom()
+
+    def group(self, opener):
+        self.take(opener)
+        self.in_abs += opener in ("|", "\\lvert", "\\vert", "\\|")
+        e = self.expr()
+        self.in_abs -= opener in ("|", "\\lvert", "\\vert", "\\|")
+        self.take(_CLOSER[opener])
+        return e
+
+    def raw(self):
+        """The token text of a braced group or of one token, for names: x_{max}, \\vec{v}."""
+        if self.peek()[1] != "{":
+            return self.take()[1] or ""
+        start, depth = self.i, 0
+        while depth or self.i == start:
+            depth += {"{": 1, "}": -1}.get(self.take()[1], 0)
+            if self.i > len(self.toks):
+                raise Undecided("unbalanced braces")
+        return "".join(t for _, t in self.toks[start + 1:self.i - 1])
+
+    def name(self, name):
+        """A symbol's full name with subscripts and primes: x_{max}, y', \\theta_w."""
+        while self.peek()[1] in ("_", "'"):
+            name += "'" if self.take()[1] == "'" else "_" + self.raw()
+        if name not in ("pi", "e", "i"):
+            self.syms.add(name)
+        return ("sym", name)
+
+    def atom(self):
+        kind, t = self.peek()
+        if kind == "num":
+            return self.number()
+        if kind == "fn":
+            return self.function(self.take()[1])
+        if t in ("(", "[", "{"):
+            return self.group(t)
+        if t in _CLOSER:  # |x|, \lvert x \rvert, \lfloor x \rfloor, \lceil x \rceil
+            return ({"\\lfloor": "floor", "\\lceil": "ceil"}.get(t, "abs"), self.group(t))
+        self.take()
+        if kind == "sym":
+            return self.name(t)
+        if kind != "cmd" or t in _NOT_ATOM:
+            raise Undecided(f"unexpected {t!r}")
+        if t in ("\\frac", "\\binom"):
+            return ("/" if t == "\\frac" else "binom", self.arg(), self.arg())
+        if t == "\\sqrt":
+            if self.peek()[1] != "[":
+                return ("sqrt", self.arg())
+            n = self.group("[")
+            return ("root", self.arg(), n)
+        if t in ("\\pi", "\\infty"):
+            return ("sym", "pi") if t == "\\pi" else ("inf",)
+        if t in _ACCENTS:  # \vec{v}, \overline{AB}: a name
+            return self.name(t[1:] + "{" + self.raw() + "}")
+        return self.name(t[1:])  # \alpha, \hbar, \theta_w, ...
+
+    def number(self):
+        t = self.take()[1]
+        mantissa, _, exponent = t.lower().partition("e")
+        if len(mantissa) > 400 or exponent and abs(int(exponent)) > 400:
+            raise Undecided("number too large")  # Fraction("1e999999999") would never return
+        self.decimal |= "." in t or "e" in t.lower()
+        if self.peek()[1] == "_":  # 52_8: a numeral in another base, an opaque name
+            return self.name(t)
+        if self.peek()[1] == "\\frac" and self.peek(1)[1] == "{" and t.isdigit():  # 1\frac{4}{5}
+            save = self.i
+            self.take()
+            a, b = self.arg(), self.arg()
+            if a[0] == b[0] == "n" and 0 <= a[1] < b[1]:
+                return ("n", int(t) + a[1] / b[1])
+            self.i = save
+        return ("n", Fraction(t))
+
+    def function(self, name):
+        """`\\sin x`, `\\sin(x)`, `\\sin^2 x`, `\\sin^{-1} x`, `\\log_2 8`, `\\ln 2`, `\\exp{a t}`."""
+        base, power = None, None
+        for _ in range(2):
+            if self.peek()[1] == "_" and name == "log":
+                self.take()
+                base = self.arg()
+            elif self.peek()[1] == "^":
+                self.take()
+                power = self.signed() if self.peek()[1] == "-" else self.arg()
+        if power in (("neg", ("n", 1)), ("n", -1)) and name in _INVERSE:
+            name, power = _INVERSE[name], None
+        if self.peek()[1] in ("(", "{"):
+            arg = self.group(self.peek()[1])
+        else:  # \sin 2x, \cos \frac{\pi}{3}: a product of powers, up to the next function
+            arg = self.power()
+            while self.starts_atom() and self.peek()[0] != "fn":
+                arg = ("*", arg, self.power())
+        if name == "lg" or name == "log" and base is not None:
+            node = ("log", arg, base if base is not None else ("n", Fraction(10)))
+        else:
+            node = ("fn", "log" if name == "ln" else name, arg)
+        return ("^", node, power) if power is not None else node
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def parse(s):
+    """(tree, has a decimal literal, frozenset of free symbols) of one scalar expression, or None if
+    it is unreadable or over a size bound. Cached: a gold graded against a group is parsed once."""
+    if len(s) > MAX_EXPR:
+        return None
+    try:
+        p = _Parser(s)
+        tree = p.expr()
+        return (tree, p.decimal, frozenset(p.syms)) if p.i == len(p.toks) else None
+    except (Undecided, RecursionError, ValueError, ZeroDivisionError, IndexError):
+        return None
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _backend(m, conv, **extra):
+    """The functions of one number type, by tree name: m is cmath (complex) or an mpmath context."""
+    B = {f: getattr(m, f) for f in ("sqrt", "exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh")}
+    B.update(arcsin=m.asin, arccos=m.acos, arctan=m.atan, arsinh=m.asinh, arcosh=m.acosh,
+             artanh=m.atanh, cot=lambda z: 1 / m.tan(z), sec=lambda z: 1 / m.cos(z),
+             csc=lambda z: 1 / m.sin(z), coth=lambda z: 1 / m.tanh(z), arccot=lambda z: m.atan(1 / z),
+             arcsec=lambda z: m.acos(1 / z), arccsc=lambda z: m.asin(1 / z), conv=conv,
+             pow=lambda x, y: x ** y, pi=conv(m.pi), e=conv(m.e), i=conv(1j), inf=conv(math.inf))
+    B.update(extra)
+    return B
+
+
+def _real_gamma(z):
+    """math.gamma of a real complex z (cmath has no gamma)."""
+    if z.imag:
+        raise Undecided("complex factorial")
+    return complex(math.gamma(z.real))
+
+
+FLOAT = _backend(cmath, complex, gamma=_real_gamma, finite=cmath.isfinite,
+                 floor=lambda z: math.floor(z.real))
+_MP = None
+
+
+def mp_backend():
+    """The same functions at 50 digits in a private mpmath context (so threads never fight over its
+    precision), built on first use: importing mpmath costs ~0.1 s that most processes never need."""
+    global _MP
+    if _MP is None:
+        import mpmath
+        c = mpmath.MPContext()
+        c.dps = 50
+
+        def small(f):  # trig/exp/gamma of a huge argument needs a huge-precision reduction: refuse
+            def f_small(z):
+                if not abs(z) < 1e6:  # `not <`: a NaN is refused too
+                    raise Undecided("argument too large")
+                return f(z)
+            return f_small
+
+        def conv(x):
+            return c.mpc(c.mpf(x.numerator) / x.denominator) if isinstance(x, Fraction) else c.mpc(x)
+
+        B = _backend(c, conv, floor=lambda z: int(c.floor(z.real)),
+                     finite=lambda x: c.isfinite(x) and (x == 0 or c.mag(x) < 100_000))  # |x| < 2^100000
+        for f in ("exp", "sin", "cos", "tan", "cot", "sec", "csc", "sinh", "cosh", "tanh", "coth"):
+            B[f] = small(B[f])
+        B["gamma"] = small(c.gamma)
+        # mpmath computes x**n for a huge integer n exactly, in one long loop no hook can interrupt
+        B["pow"] = lambda x, y: x ** y if abs(y) < 1000 else B["exp"](y * c.log(x))
+        _MP = B
+    return _MP
+
+
+def _iroot(n, q):
+    """The integer q-th root of n >= 0 if n is a perfect q-th power, else None."""
+    if n.bit_length() > 2000:
+        return None
+    r = round(n ** (1.0 / q)) if n.bit_length() < 1000 else round(math.exp(math.log(n) / q))
+    return next((c for c in (r - 1, r, r + 1) if c >= 0 and c ** q == n), None)
+
+
+def _exact_pow(a, b):
+    """a**b as an exact Fraction when it is rational and not too large, else None."""
+    if b.denominator == 1:
+        n = b.numerator
+        if a == 0 and n < 0:
+            raise Undecided("0 to a negative power")
+        bits = max(a.numerator.bit_length(), a.denominator.bit_length())
+        return a ** n if abs(a) in (0, 1) or abs(n) * bits <= EXACT_BITS else None
+    if a > 0 and b.denominator <= 64:  # 8^(2/3) = 4
+        num, den = _iroot(a.numerator, b.denominator), _iroot(a.denominator, b.denominator)
+        if num is not None and den is not None:
+            return _exact_pow(Fraction(num, den), Fraction(b.numerator))
+    return None
+
+
+def _exact(op, a):
+    """op on rationals a as an exact Fraction, or None when the result is irrational or too big."""
+    if op in ("neg", "+", "*", "/", "abs"):
+        return _OPS[op](None, None, *a)  # Fraction arithmetic is exact
+    if op in ("^", "sqrt"):
+        return _exact_pow(a[0], a[1] if op == "^" else Fraction(1, 2))
+    if op == "root" and a[1].denominator == 1 and 0 < a[1] <= 64:
+        r = _exact_pow(abs(a[0]), 1 / a[1])  # the real cube root of -8 is -2
+        return r if a[0] >= 0 or r is None else -r if a[1] % 2 else None
+    if op in ("floor", "ceil"):
+        return Fraction(math.floor(a[0]) if op == "floor" else math.ceil(a[0]))
+    if op == "fact" and a[0].denominator == 1 and 0 <= a[0] <= 1000:
+        return Fraction(math.factorial(int(a[0])))
+    if op == "binom" and all(x.denominator == 1 for x in a) and 0 <= a[0] <= 2000:
+        return Fraction(math.comb(int(a[0]), int(a[1])) if a[1] >= 0 else 0)
+    return None
+
+
+def _pow(B, x, y):
+    """x^y in backend B; 0^y is exact (0) for y > 0 and undecided otherwise."""
+    if x == 0:
+        if y.real > 0:
+            return Fraction(0)
+        raise Undecided("0 to a non-positive power")
+    return B["pow"](x, y)
+
+
+def _root(B, n, x, k):
+    """The k-th root of x (node n): real for odd k and real x < 0, else the principal one."""
+    if x.imag == 0 and x.real < 0 and k.imag == 0 and float(k.real) % 2 == 1:
+        return -_pow(B, -x, 1 / k)  # odd roots of negatives are real
+    return _pow(B, x, 1 / k)
+
+
+def _floor(B, n, x):
+    """floor or ceil (n[0]) of a real x as a Fraction; undecided for a complex x."""
+    if abs(x.imag) > 1e-12 * max(1.0, abs(x)):
+        raise Undecided("floor of a complex number")
+    return Fraction(B["floor"](x) if n[0] == "floor" else -B["floor"](-x))
+
+
+# How each tree node is computed, given the backend B, the node n and its evaluated children.
+_OPS = {"neg": lambda B, n, a: -a, "+": lambda B, n, *a: sum(a[1:], a[0]), "*": lambda B, n, a, b: a * b,
+        "/": lambda B, n, a, b: a / b, "^": lambda B, n, a, b: _pow(B, a, b),
+        "fn": lambda B, n, a: B[n[1]](a),
+        "log": lambda B, n, a, b: B["log"](a) / B["log"](b), "sqrt": lambda B, n, a: B["sqrt"](a),
+        "root": _root, "abs": lambda B, n, a: abs(a) if B is None else B["conv"](abs(a)),
+        "floor": _floor, "ceil": _floor, "fact": lambda B, n, a: B["gamma"](a + 1),
+        "binom": lambda B, n, a, k: B["gamma"](a + 1) / (B["gamma"](k + 1) * B["gamma"](a - k + 1))}
+
+
+def evaluate(n, env, B):
+    """Value of tree n with symbol values env (name -> Fraction): a Fraction while exact, else a
+    number of backend B. Raises Undecided, or an ArithmeticError / ValueError (a float overflow, a
+    math domain error), when the value cannot be computed safely."""
+    op = n[0]
+    if op == "n":
+        return n[1]
+    if op == "sym":
+        return B[n[1]] if n[1] in ("pi", "e", "i") else env[n[1]]
+    if op == "inf":
+        return B["inf"]
+    args = [evaluate(a, env, B) for a in n[1:] if isinstance(a, tuple)]
+    if all(isinstance(a, Fraction) for a in args):
+        r = _exact(op, args)
+        if r is not None:
+            if max(r.numerator.bit_length(), r.denominator.bit_length()) > EXACT_BITS:
+                raise Undecided("exact value too large")
+            return r
+    r = _OPS[op](B, n, *(to_backend(a, B) for a in args))
+    if not isinstance(r, Fraction) and not B["finite"](r):
+        raise Undecided("not finite")
+    return r
+
+
+def to_backend(x, B):
+    """x as a number of backend B if it is a Fraction (mpmath does not take Fractions), else x."""
+    return B["conv"](x) if isinstance(x, Fraction) else x
+
+
+def nodes(t):
+    """Every node of tree t, t first."""
+    yield t
+    for a in t[1:]:
+        if isinstance(a, tuple):
+            yield from nodes(a)
