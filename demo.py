@@ -82,54 +82,53 @@ DEMO_MODEL = dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, m
 
 DEMO_TEMPLATE = "{problem}\nAnswer in \\boxed{}.\n"
 
-NAMES = [("Ann", "she"), ("Bob", "he"), ("Mia", "she"), ("Tom", "he"), ("Eva", "she"), ("Sam", "he")]
+NAMES = ["Ann", "Bob", "Mia", "Tom", "Eva", "Sam", "Leo", "Zoe"]
 THINGS = ["coins", "apples", "stamps", "cards", "beads", "shells"]
-STORIES = {  # {n} name, {p} pronoun, {o} things, {a} {b} the numbers
-    "+": ["{n} has {a} {o} and finds {b} more. How many {o} does {p} have now?",
-          "{n} had {a} {o} and bought {b} more. How many {o} does {p} have?",
-          "A box holds {a} {o}. {n} adds {b} more. How many {o} are in the box?"],
-    "-": ["{n} has {a} {o} and gives away {b}. How many {o} are left?",
-          "{n} had {a} {o} and lost {b}. How many {o} does {p} have now?",
-          "A box holds {a} {o}. {n} takes out {b}. How many {o} are in the box?"],
+# Short stories: every prompt character is a token that each of RL's samples pays for.
+STORIES = {  # {n} a name, {o} the things, {a} {b} the numbers
+    "+": ["{n} has {a} {o} and finds {b} more. How many now?",
+          "{n} had {a} {o} and bought {b} more. How many now?",
+          "A box has {a} {o}. {n} adds {b}. How many now?"],
+    "-": ["{n} has {a} {o} and gives away {b}. How many are left?",
+          "{n} had {a} {o} and lost {b}. How many are left?",
+          "A box has {a} {o}. {n} takes {b}. How many are left?"],
     "*": ["{n} buys {b} bags of {a} {o}. How many {o} is that?",
-          "{n} has {b} boxes with {a} {o} each. How many {o} in total?"],
+          "{n} has {b} boxes of {a} {o}. How many in all?"],
 }
 
 
 def worked_solution(a, op, b):
     """The worked solution of `a op b`: one line per digit column, right to left, then the answer.
 
-    347+258 -> "347+258\\n7+8=15\\n4+5+1=10\\n3+2+1=6\\n\\boxed{605}". Every line is a one-digit
-    fact plus a carry read off the line above; subtraction marks a borrow by writing the top digit
-    as 1d (547-258: "17-8=9\\n14-5-1=8\\n5-2-1=2"); multiplication is by one digit b.
+    347+258 -> "347+258\n7+8+0=15\n4+5+1=10\n3+2+1=06\n\boxed{605}". Every column line has the
+    same shape "x?y?c=rr" (digit of a, digit of b or the multiplier b, carry c from the line
+    above, two-digit result), so a tiny model finds each operand at a fixed distance. The carry
+    to the next column is the tens digit rr // 10 (for * too). Subtraction always borrows ten,
+    "1x-y-c=rr", and gives the borrow back when it was not needed: the next c is 1 - rr // 10
+    (547-258: "17-8-0=09\n14-5-1=08\n15-2-1=12"). The answer is the columns' units digits read
+    from the last line up, after the last line's tens digit (for + and *).
     """
     if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
         raise ValueError(f"operands must be non-negative ints, got {a!r}, {b!r}")
+    if op not in ("+", "-", "*"):
+        raise ValueError(f"unknown operation {op!r}")
     if op == "-" and a < b:
         raise ValueError(f"subtraction needs a >= b, got {a} - {b}")
     if op == "*" and b > 9:
         raise ValueError(f"multiplication is by one digit, got {a} * {b}")
-    if op not in "+-*":
-        raise ValueError(f"unknown operation {op!r}")
     da, db = str(a)[::-1], str(b)[::-1]
     lines, carry = [f"{a}{op}{b}"], 0
     for i in range(len(da) if op == "*" else max(len(da), len(db))):
         x = int(da[i]) if i < len(da) else 0
-        if op == "*":
-            s = x * b + carry
-            lines.append(f"{x}*{b}" + (f"+{carry}" if carry else "") + f"={s}")
-            carry = s // 10
-        elif op == "+":
-            y = int(db[i]) if i < len(db) else 0
-            s = x + y + carry
-            lines.append(f"{x}+{y}" + (f"+{carry}" if carry else "") + f"={s}")
-            carry = s // 10
+        y = b if op == "*" else (int(db[i]) if i < len(db) else 0)
+        if op == "-":
+            r = 10 + x - y - carry
+            lines.append(f"1{x}-{y}-{carry}={r:02d}")
+            carry = 1 - r // 10
         else:
-            y = int(db[i]) if i < len(db) else 0
-            borrow = int(x < y + carry)
-            s = 10 * borrow + x - y - carry
-            lines.append(f"{10 * borrow + x}-{y}" + (f"-{carry}" if carry else "") + f"={s}")
-            carry = borrow
+            r = x * y + carry if op == "*" else x + y + carry
+            lines.append(f"{x}{op}{y}+{carry}={r:02d}")
+            carry = r // 10
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
     lines.append(f"\\boxed{{{answer}}}")
     return "\n".join(lines)
@@ -137,9 +136,8 @@ def worked_solution(a, op, b):
 
 def make_row(a, op, b, rng):
     """One data row {"problem", "answer", "solution"} for `a op b`, the story drawn from `rng`."""
-    name, pronoun = rng.choice(NAMES)
     story = rng.choice(STORIES[op])
-    problem = story.format(n=name, p=pronoun, o=rng.choice(THINGS), a=a, b=b)
+    problem = story.format(n=rng.choice(NAMES), o=rng.choice(THINGS), a=a, b=b)
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
     return {"problem": problem, "answer": str(answer), "solution": worked_solution(a, op, b)}
 
@@ -246,13 +244,16 @@ def sft_loss(model, input_ids, attention_mask, loss_mask):
     return (nll * target_mask).sum() / target_mask.sum().clamp(min=1)
 
 
-def pretrain(model_dir, sft_rows, *, steps=600, batch_size=64, lr=3e-3, seed=0,
-             template=DEMO_TEMPLATE, warmup=30, weight_decay=0.01, log_every=50, out_dir=None):
+def pretrain(model_dir, sft_rows, *, steps=400, batch_size=64, lr=3e-3, seed=0,
+             template=DEMO_TEMPLATE, warmup=30, decay_frac=0.25, weight_decay=0.01, log_every=50,
+             out_dir=None):
     """Supervised fine-tuning of the model in `model_dir` on worked solutions; save it back.
 
-    Single process, AdamW, linear warmup then cosine decay to lr/10. Each batch is drawn from rows
-    of similar length (a shuffled pool sorted by length), which keeps padding small. Saves model
-    and tokenizer to `out_dir` (default: `model_dir`); returns the list of (step, loss).
+    Single process, AdamW on random batches. The learning rate warms up, stays constant, then
+    decays linearly to lr/10 over the last `decay_frac` of the steps: the model first has to learn
+    to copy the numbers from the prompt (a sudden drop of the loss), which a decay started early
+    delays; the final decay is what makes the digit facts precise. Saves model and tokenizer to
+    `out_dir` (default: `model_dir`); returns the list of (step, loss).
     """
     if len(sft_rows) < batch_size:
         raise ValueError(f"need at least batch_size={batch_size} SFT rows, got {len(sft_rows)}")
@@ -261,37 +262,28 @@ def pretrain(model_dir, sft_rows, *, steps=600, batch_size=64, lr=3e-3, seed=0,
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
-
-    def batches():  # endless: pools of 16 batches, sorted by length, served in random order
-        order = []
-        while True:
-            if len(order) < 16 * batch_size:
-                order += rng.sample(range(len(sft_rows)), len(sft_rows))
-            pool, order = order[:16 * batch_size], order[16 * batch_size:]
-            pool.sort(key=lambda i: len(sft_rows[i]["problem"]) + len(sft_rows[i]["solution"]))
-            chunks = [pool[k:k + batch_size] for k in range(0, len(pool), batch_size)]
-            rng.shuffle(chunks)
-            for c in chunks:
-                yield [sft_rows[i] for i in c]
-
-    history, t0, it = [], time.time(), batches()
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    stable_end = int(steps * (1 - decay_frac))
+    history, t0, order = [], time.time(), []
     for step in range(1, steps + 1):
-        frac = step / warmup if step <= warmup else \
-            0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        decay = max(0, step - stable_end) / max(1, steps - stable_end)
+        step_lr = lr * min(1.0, step / warmup) * (1 - 0.9 * decay)
         for g in opt.param_groups:
-            g["lr"] = lr * frac
-        loss = sft_loss(model, *sft_batch(tokenizer, next(it), template))
+            g["lr"] = step_lr
+        if len(order) < batch_size:  # epochs of shuffled rows
+            order += rng.sample(range(len(sft_rows)), len(sft_rows))
+        batch, order = [sft_rows[i] for i in order[:batch_size]], order[batch_size:]
+        loss = sft_loss(model, *sft_batch(tokenizer, batch, template))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         history.append((step, loss.item()))
         if log_every and (step % log_every == 0 or step == 1 or step == steps):
-            print(f"sft step {step}/{steps}  loss {loss.item():.4f}  lr {lr * frac:.2e}  "
+            print(f"sft step {step}/{steps}  loss {loss.item():.4f}  lr {step_lr:.2e}  "
                   f"{time.time() - t0:.0f}s", flush=True)
     out_dir = out_dir or model_dir
     os.makedirs(out_dir, exist_ok=True)
@@ -352,9 +344,10 @@ def main():
     p = sub.add_parser("prepare", help="write the demo data, make the tiny model, pre-train it")
     p.add_argument("--out", default="runs/demo", help="writes OUT/data/*.jsonl and OUT/model/")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--decay-frac", type=float, default=0.25, help="final linear lr decay share")
     p.add_argument("--ops", default="+-")
     p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
     e = sub.add_parser("eval", help="held-out accuracy of a model directory")
@@ -364,7 +357,6 @@ def main():
     e.add_argument("--samples", type=int, default=1)
     e.add_argument("--max-new-tokens", type=int, default=96)
     args = ap.parse_args()
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
 
     if args.cmd == "prepare":
         t0 = time.time()
@@ -373,7 +365,7 @@ def main():
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
         sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
         pretrain(model_dir, sft_rows, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                 seed=args.seed)
+                 decay_frac=args.decay_frac, seed=args.seed)
         print(f"pre-training done in {time.time() - t0:.0f}s; model in {model_dir}")
         args.model_dir, args.data = model_dir, os.path.join(data_dir, "test.jsonl")
         args.n, args.samples, args.max_new_tokens = args.n_eval, 1, 96

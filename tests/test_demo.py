@@ -50,24 +50,25 @@ def _check_worked_solution(problem, answer, solution):
     assert len(steps) == ncols
     da = [int(c) for c in reversed(str(a))] + [0] * 3
     db = [int(c) for c in reversed(str(b))] + [0] * 3
-    units, carry = [], 0
+    carry, digits = 0, []
     for i, step in enumerate(steps):
-        expr, value = step.split("=")
-        assert eval(expr) == int(value), step  # each step is right arithmetic
-        terms = [int(t) for t in re.split(r"[-+*]", expr)]
-        if op == "-":  # top digit (plus 10 when borrowing), bottom digit, borrow from the right
-            top = terms[0]
-            assert top % 10 == da[i] and top in (da[i], da[i] + 10) and terms[1] == db[i]
-            assert terms[2:] == ([carry] if carry else [])
-            carry = int(top >= 10)
-            assert 0 <= int(value) <= 9
+        m = re.fullmatch(r"(\d+)([-+*])(\d)([-+])(\d)=(\d\d)", step)
+        assert m, step
+        x, y, c, r = int(m[1]), int(m[3]), int(m[5]), int(m[6])
+        assert eval(step.split("=")[0]) == r  # each step is right arithmetic
+        assert m[2] == op and m[4] == ("-" if op == "-" else "+") and c == carry
+        if op == "-":  # always borrow ten; the next column pays it back only if it was needed
+            assert (x, y) == (10 + da[i], db[i])
+            carry = 1 - r // 10
         else:
-            assert terms[:2] == ([da[i], b] if op == "*" else [da[i], db[i]])
-            assert terms[2:] == ([carry] if carry else [])
-            carry = int(value) // 10
-        units.append(value if i == len(steps) - 1 else value[-1])
-    # reading the columns back, highest first, gives the answer (leading zeros of a - b dropped)
-    assert str(int("".join(reversed(units)))) == answer
+            assert (x, y) == (da[i], b if op == "*" else db[i])
+            carry = r // 10
+        digits.append(r % 10)
+    # the units digits read from the last column up (after the carry out of + and *) are the answer
+    top = "" if op == "-" else str(carry)
+    assert str(int(top + "".join(str(d) for d in reversed(digits)))) == answer
+    if op == "-":
+        assert carry == 0  # a >= b: nothing left to borrow
 
 
 def test_worked_solutions_are_right(data):
@@ -75,11 +76,15 @@ def test_worked_solutions_are_right(data):
         _check_worked_solution(row["problem"], row["answer"], row["solution"])
     ops = {re.search(r"[-+*]", r["solution"])[0] for r in data["sft"]}
     assert ops == {"+", "-", "*"}
-    # hand-checked examples, including borrows across a zero and a carry out of the top column
-    assert demo.worked_solution(347, "+", 258) == "347+258\n7+8=15\n4+5+1=10\n3+2+1=6\n\\boxed{605}"
-    assert demo.worked_solution(503, "-", 78) == "503-78\n13-8=5\n10-7-1=2\n5-0-1=4\n\\boxed{425}"
-    assert demo.worked_solution(95, "*", 7) == "95*7\n5*7=35\n9*7+3=66\n\\boxed{665}"
-    assert demo.worked_solution(40, "-", 34).endswith("\n\\boxed{6}")
+    # hand-checked: carries out of the top column, borrows across a zero, leading zeros dropped
+    assert demo.worked_solution(347, "+", 258) == \
+        "347+258\n7+8+0=15\n4+5+1=10\n3+2+1=06\n\\boxed{605}"
+    assert demo.worked_solution(999, "+", 9) == \
+        "999+9\n9+9+0=18\n9+0+1=10\n9+0+1=10\n\\boxed{1008}"
+    assert demo.worked_solution(503, "-", 78) == \
+        "503-78\n13-8-0=05\n10-7-1=02\n15-0-1=14\n\\boxed{425}"
+    assert demo.worked_solution(95, "*", 7) == "95*7\n5*7+0=35\n9*7+3=66\n\\boxed{665}"
+    assert demo.worked_solution(40, "-", 34) == "40-34\n10-4-0=06\n14-3-1=10\n\\boxed{6}"
 
 
 def test_worked_solution_rejects_bad_input():
