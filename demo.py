@@ -12,7 +12,6 @@ right), and prints its held-out accuracy; RL (train.py) then takes it from there
 """
 import argparse
 import json
-import math
 import os
 import random
 import re
@@ -305,7 +304,7 @@ def generate(model, tokenizer, prompts, *, temperature=1.0, max_new_tokens=96, b
     """
     torch.manual_seed(seed)
     model.eval()
-    tokenizer.padding_side = "left"
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
     out = []
     for k in range(0, len(prompts), batch_size):
         enc = tokenizer(prompts[k:k + batch_size], return_tensors="pt", padding=True,
@@ -315,6 +314,7 @@ def generate(model, tokenizer, prompts, *, temperature=1.0, max_new_tokens=96, b
         ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, **kw)
         out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    tokenizer.padding_side = side
     return out
 
 

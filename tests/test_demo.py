@@ -189,3 +189,15 @@ def test_short_pretrain_lowers_loss_and_saves_a_loadable_model(tmp_path, data):
     with torch.no_grad():
         l0, l1 = demo.sft_loss(before, *probe).item(), demo.sft_loss(after, *probe).item()
     assert l1 < l0 - 1.0, (l0, l1)
+
+
+def test_batched_generate_matches_one_by_one(tmp_path):
+    # left padding must not change what a prompt generates: compare with unpadded, one at a time
+    path = demo.make_tiny_model(str(tmp_path / "m"), seed=2)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    prompts = ["Ann has 5.\n", "A box has 347 coins. Bob adds 12.\nAnswer in \\boxed{}.\n", "x"]
+    batched = demo.generate(model, tok, prompts, temperature=0, max_new_tokens=12)
+    single = [demo.generate(model, tok, [p], temperature=0, max_new_tokens=12)[0] for p in prompts]
+    assert batched == single and all(len(x) > 0 for x in batched)
+    assert tok.padding_side == "right"  # restored
