@@ -4,11 +4,15 @@ No model hub is needed: `make_tiny_model(dir)` writes a transformers-format dire
 (config, safetensors, tokenizer) that transformers, vLLM and every file of this project load
 like any hub checkpoint. The tests and benchmarks use it at several sizes.
 
-The demo task is arithmetic word problems ("Ann has 347 coins and finds 258 more. ...") whose
-worked solutions do column arithmetic one digit at a time, so that every step is local and a
-~1M-parameter model can learn it. `python demo.py prepare --out runs/demo` writes the data,
-pre-trains the tiny model on worked solutions for a few minutes (so that it starts partially
-right), and prints its held-out accuracy; RL (train.py) then takes it from there.
+The demo task is arithmetic word problems ("Ann has 347 coins and finds 258 more. How many
+now?", + and - of 2-3 digit numbers) whose worked solutions do column arithmetic one digit at a
+time, so that every step is local and a ~0.8M-parameter model can learn it.
+`python demo.py prepare --out runs/demo` writes the data (OUT/data/{train,test,sft}.jsonl), makes
+the tiny model, pre-trains it on worked solutions (400 steps, ~3 minutes on 2 idle cores) so that
+it starts partially right, saves it to OUT/model and prints its held-out accuracy. Measured with
+seed 0: 23% sampled at T=1, 54% greedy, so RL has a skill to sharpen; the same recipe run longer
+reaches 85-99%, so the task is within the model's reach. RL (train.py) takes it from there:
+responses are <= 50 tokens with EOS, so 64 new tokens is a safe sampling limit.
 """
 import argparse
 import json
@@ -99,12 +103,12 @@ STORIES = {  # {n} a name, {o} the things, {a} {b} the numbers
 def worked_solution(a, op, b):
     """The worked solution of `a op b`: one line per digit column, right to left, then the answer.
 
-    347+258 -> "347+258\n7+8+0=15\n4+5+1=10\n3+2+1=06\n\boxed{605}". Every column line has the
+    347+258 -> "347+258\\n7+8+0=15\\n4+5+1=10\\n3+2+1=06\\n\\boxed{605}". Every column line has the
     same shape "x?y?c=rr" (digit of a, digit of b or the multiplier b, carry c from the line
     above, two-digit result), so a tiny model finds each operand at a fixed distance. The carry
     to the next column is the tens digit rr // 10 (for * too). Subtraction always borrows ten,
     "1x-y-c=rr", and gives the borrow back when it was not needed: the next c is 1 - rr // 10
-    (547-258: "17-8-0=09\n14-5-1=08\n15-2-1=12"). The answer is the columns' units digits read
+    (547-258: "17-8-0=09\\n14-5-1=08\\n15-2-1=12"). The answer is the columns' units digits read
     from the last line up, after the last line's tens digit (for + and *).
     """
     if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
@@ -159,6 +163,9 @@ def generate_rows(n, seed, *, ops="+-", digits=(2, 3), exclude=()):
 
     A key is (a, op, b), with a <= b for the commutative +, so no split holds a swapped copy.
     """
+    if not ops or set(ops) - set(STORIES) or not digits or min(digits) < 1:
+        raise ValueError(f"ops must be made of {''.join(STORIES)} and digits >= 1, "
+                         f"got ops={ops!r} digits={digits!r}")
     rng = random.Random(seed)
     seen, rows = set(exclude), []
     for _ in range(100 * n):

@@ -87,10 +87,14 @@ def test_worked_solutions_are_right(data):
     assert demo.worked_solution(40, "-", 34) == "40-34\n10-4-0=06\n14-3-1=10\n\\boxed{6}"
 
 
-def test_worked_solution_rejects_bad_input():
+def test_bad_input_is_a_clear_error():
     for args in [(3, "-", 5), (12, "*", 10), (1, "/", 2), (-1, "+", 2), (1.5, "+", 2)]:
         with pytest.raises(ValueError):
             demo.worked_solution(*args)
+    with pytest.raises(ValueError, match="ops"):
+        demo.generate_rows(5, 0, ops="+/")
+    with pytest.raises(ValueError, match="distinct"):  # only 9 * 8 one-digit products exist
+        demo.generate_rows(100, 0, ops="*", digits=(1,))
 
 
 def test_splits_do_not_overlap(data):
