@@ -16,6 +16,10 @@ first 8 * (warmup + steps) rows of demo.generate_rows(n, seed=0) in demo.DEMO_TE
 plain text (the char tokenizer has no chat template). TRL's default gradient checkpointing is off,
 as in train.py (--gradient-checkpointing turns it on). A step is timed from on_step_begin to
 on_step_end: generation, reward, loss, backward and optimizer step.
+
+Measure on a quiet machine: when other processes hold the cores, torch's 2 threads wait on each
+other in every small op of generate (symptom: generate 5x slower than with --threads 1, CPU time
+per step far above wall time x 1 thread). --threads 1 then gives a contention-robust CPU figure.
 """
 import argparse
 import os
@@ -50,10 +54,10 @@ def reward_fn(completions, answer, **_):
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of each optimizer step, and the generated tokens TRL logs for it."""
+    """Wall and CPU time of each optimizer step, and the generated tokens TRL logs for it."""
 
     def __init__(self):
-        self.times, self.tokens, self.t0 = [], [], None
+        self.times, self.cpu, self.tokens, self.t0 = [], [], [], None
         self.phase = {"generate": [], "generate+score": []}
 
     def wrap(self, obj, name, phase):
@@ -68,10 +72,11 @@ class StepTimer(TrainerCallback):
         setattr(obj, name, timed)
 
     def on_step_begin(self, args, state, control, **kw):
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kw):
-        self.times.append(time.perf_counter() - self.t0)
+        self.times.append(time.perf_counter() - self.t0[0])
+        self.cpu.append(time.process_time() - self.t0[1])
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and "completions/mean_length" in logs:
@@ -84,7 +89,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--model", default=None, help="model directory (default: a fresh 17.8M one)")
     ap.add_argument("--gradient-checkpointing", action="store_true", help="TRL's default")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     work = tempfile.mkdtemp(prefix="bench_trl_step_")
     model = args.model or demo.make_tiny_model(
         os.path.join(work, "model"), hidden=512, intermediate=1408, layers=6, heads=8, kv_heads=4,
@@ -124,6 +132,9 @@ def main():
     for k, v in split.items():
         print(f"{k:<14}{statistics.median(v):>10.3f}{statistics.median(v) / step:>8.1%}")
     print(f"{'step':<14}{step:>10.3f}")
+    # On a shared machine, CPU s/step / threads is roughly what a quiet machine's wall time would be
+    # (exactly so with 1 thread; with more, threads that wait on a descheduled one burn CPU too).
+    print(f"CPU s/step (all threads): {statistics.median(timer.cpu[args.warmup:]):.3f}")
     if tokens:
         tok = statistics.median(tokens)
         print(f"generated tokens/step: {tok:.0f} (mean response {tok / 64:.1f} tokens); "
