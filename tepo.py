@@ -262,16 +262,18 @@ def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, o
 
 
 def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, entropy=None,
-                old_entropy=None, ref_logp=None, rollout_logp=None):
+                old_entropy=None, ref_logp=None, rollout_logp=None, metric_tokens=None):
     """The loss of one micro-batch and its diagnostics.
 
     logp (B, T) with grad; old_logp, mask, entropy, old_entropy, ref_logp, rollout_logp (B, T);
     advantages (B,). `num_tokens` / `num_seqs` are the global counts of the whole mini-batch
     (all ranks and micro-batches), so the returned losses add up exactly across micro-batches.
 
-    Returns (loss, metrics). Every metric is likewise normalised by the global counts, so summing
-    metrics over micro-batches and ranks gives the mini-batch value -- except `ratio_min` and
-    `ratio_max`, which reduce by min and max. See `finish_metrics` for the covariance.
+    Returns (loss, metrics). Every metric is likewise a token mean normalised by a global count,
+    `metric_tokens` (default `num_tokens`; e.g. the trained tokens when the caller leaves out
+    sequences without gradient), so summing metrics over micro-batches and ranks gives the
+    mini-batch value -- except `ratio_min` and `ratio_max`, which reduce by min and max. See
+    `finish_metrics` for the covariance.
     """
     optional = dict(entropy=entropy, old_entropy=old_entropy, ref_logp=ref_logp,
                     rollout_logp=rollout_logp)
@@ -307,7 +309,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         loss = loss + kl_mask_loss
 
     with torch.no_grad():
-        n = num_tokens
+        n = metric_tokens or num_tokens
         # A token mean, globally normalised; in float64, as Cov(logp, A) subtracts two such sums.
         token_sum = lambda x: (x.double() * mask.double()).sum() / n  # noqa: E731
         r = ratio.detach()

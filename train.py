@@ -232,66 +232,89 @@ def take_prompts(rows, pos, count, seed):
 
 
 def micro_batches(seqs, budget):
-    """Split sequences (dicts with "ids") into micro-batches of at most `budget` padded tokens.
+    """Split sequences into micro-batches of responses to one prompt, of at most `budget` tokens.
 
-    Sorting by length first means little compute is spent on padding.
+    A micro-batch holds one prompt's responses (all G of them, or a part when they do not fit
+    `budget` padded tokens), so the prompt can run once for all of them (`response_logprobs`);
+    longest first, so responses of similar length are padded together.
     """
-    order = sorted(seqs, key=lambda s: len(s["ids"]))
-    out, cur = [], []
-    for s in order:
-        if cur and (len(cur) + 1) * len(s["ids"]) > budget:
-            out.append(cur)
-            cur = []
-        cur.append(s)
-    return out + [cur] if cur else out
+    groups = {}
+    for s in seqs:
+        groups.setdefault(s["gid"], []).append(s)
+    out = []
+    for group in groups.values():
+        group = sorted(group, key=lambda s: len(s["resp"]), reverse=True)
+        cur = []
+        for s in group:  # cur[0] is the longest: its length is the padded length
+            if cur and (len(cur) + 1) * (len(s["prompt"]) + len(cur[0]["resp"])) > budget:
+                out.append(cur)
+                cur = []
+            cur.append(s)
+        out.append(cur)
+    return out
+
+
+def padded(mbs):
+    """Micro-batches padded with None to the largest count over ranks: every forward/backward of
+    an FSDP model is a collective, so every rank must make as many (None: a dummy one)."""
+    n = int(all_reduce([len(mbs)], dist.ReduceOp.MAX)[0])
+    return mbs + [None] * (n - len(mbs))
 
 
 def collate(mb, device):
-    """Right-pad a micro-batch: input ids (b, L), and for the response tokens, (b, Lr) tensors.
-
-    Response-aligned tensors (response token j of row b in column j) keep the loss code free of
-    prompt offsets: `index` maps them into the log-probs of positions prompt_len..L-1.
-    """
-    L = max(len(s["ids"]) for s in mb)
-    Lr = max(len(s["resp"]) for s in mb)
-    p0 = min(s["plen"] for s in mb)
-    ids = torch.zeros(len(mb), L, dtype=torch.long)
-    index = torch.zeros(len(mb), Lr, dtype=torch.long)
-    mask = torch.zeros(len(mb), Lr)
+    """One prompt (1, p) and its responses right-padded to (b, R), with (b, R) response tensors:
+    mask, and whichever per-token values the sequences carry (old/ref/rollout log-probs)."""
+    R = max(len(s["resp"]) for s in mb)
+    resp = torch.zeros(len(mb), R, dtype=torch.long)
+    mask = torch.zeros(len(mb), R)
     for b, s in enumerate(mb):
-        ids[b, :len(s["ids"])] = torch.tensor(s["ids"])
-        n = len(s["resp"])
-        index[b, :n] = torch.arange(s["plen"] - p0, s["plen"] - p0 + n)
-        mask[b, :n] = 1
-    out = {"ids": ids, "index": index, "mask": mask, "p0": p0,
+        resp[b, :len(s["resp"])] = torch.tensor(s["resp"])
+        mask[b, :len(s["resp"])] = 1
+    out = {"prompt": torch.tensor([mb[0]["prompt"]]), "resp": resp, "mask": mask,
            "adv": torch.tensor([s["adv"] for s in mb], dtype=torch.float32)}
     for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp"):
         if key in mb[0]:
-            out[key] = torch.zeros(len(mb), Lr)
+            out[key] = torch.zeros(len(mb), R)
             for b, s in enumerate(mb):
                 out[key][b, :len(s[key])] = s[key]
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
+    return {k: v.to(device) for k, v in out.items()}
 
 
-def response_logprobs(model, batch, temperature, with_entropy):
-    """Log-probs (b, Lr) of the response tokens under `model`, and their entropy (b, Lr) or None.
+def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True):
+    """Log-probs (b, R) of one prompt's b responses under `model`, and their entropy (b, R) or None.
 
-    The LM head runs only from the shortest prompt on (`logits_to_keep`). No attention mask is
-    passed: padding sits at the right end, and causal attention never looks right.
+    With `share_prompt`, the prompt runs once and its KV cache is repeated for the b responses,
+    which continue from it: (b - 1) prompt passes saved, the same values and gradients (they flow
+    back through the cache). HF drops the cache under activation checkpointing, so then every row
+    holds its own copy of the prompt. No attention mask: padding sits at the right end of the
+    responses, and causal attention never looks right.
     """
-    ids, p0 = batch["ids"], batch["p0"]
-    logits = model(input_ids=ids, logits_to_keep=ids.shape[1] - p0 + 1, use_cache=False).logits
-    logp, entropy = tepo.token_logprobs_entropy(logits[:, :-1], ids[:, p0:], temperature,
-                                                with_entropy)
-    logp = logp.gather(1, batch["index"])
-    return logp, entropy.gather(1, batch["index"]) if with_entropy else None
+    prompt, resp = batch["prompt"], batch["resp"]
+    b, R = resp.shape
+    if not share_prompt:
+        ids = torch.cat([prompt.expand(b, -1), resp], dim=1)
+        logits = model(input_ids=ids, logits_to_keep=R + 1, use_cache=False).logits[:, :-1]
+        return tepo.token_logprobs_entropy(logits, resp, temperature, with_entropy)
+    out = model(input_ids=prompt, logits_to_keep=1, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(b)
+    parts = [tepo.token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
+                                         with_entropy)]         # the first token, from the prompt
+    if R > 1:
+        logits = model(input_ids=resp[:, :-1], past_key_values=cache, use_cache=True).logits
+        parts.append(tepo.token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy))
+    logp = torch.cat([p[0] for p in parts], dim=1)
+    return logp, torch.cat([p[1] for p in parts], dim=1) if with_entropy else None
 
 
-def dummy_forward(model):
-    """A forward/backward that contributes nothing, so a rank with fewer micro-batches still
-    joins every FSDP collective its peers make (otherwise the group would hang)."""
-    model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=next(model.parameters()).device),
-          use_cache=False).logits.sum().mul(0.0).backward()
+def dummy_forward(model, backward):
+    """A forward (and backward) that contributes nothing: see `padded`."""
+    device = next(model.parameters()).device
+    with torch.set_grad_enabled(backward):
+        logits = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device),
+                       use_cache=False).logits
+    if backward:
+        logits.sum().mul(0.0).backward()
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -470,6 +493,7 @@ def main(argv=None):
         log({"step": 0, "eval_accuracy": evaluate(engine, eval_rows, cfg, rank, world,
                                                   sample_seed(cfg.seed, 0, 99, rank))})
     G, lcfg = cfg.group_size, cfg.loss_cfg
+    share = not cfg.activation_checkpointing  # see response_logprobs
     bar = tqdm(range(state["step"], cfg.steps), disable=rank != 0, desc="RL", initial=state["step"],
                total=cfg.steps)
     for step in bar:
@@ -502,66 +526,71 @@ def main(argv=None):
                 break
         engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
 
-        # 3. Advantages, then old (and reference) log-probs. The first mini-batch needs no old
-        # pass: before the first optimizer step theta = theta_old, so its own forward provides them.
+        # 3. Advantages; then old log-probs and entropy (no grad) and reference log-probs where
+        # needed. A sequence with A = 0 carries no gradient (unless a KL-to-reference term is on),
+        # so the update skips it; the old pass still gives it entropy for the metrics. Before the
+        # first optimizer step theta = theta_old, so the first mini-batch's trained sequences get
+        # their old log-probs from their own forward in step 4, with no extra pass.
         t0 = time.perf_counter()
         seqs = []
-        for row, samples, rewards, _ in groups:
+        for gid, (row, samples, rewards, _) in enumerate(groups):
             adv = tepo.group_advantages(torch.tensor(rewards), G, lcfg.adv_std_norm)
             for s, a in zip(samples, adv.tolist()):
-                seqs.append({"ids": list(s.prompt_ids) + list(s.response_ids), "plen": len(s.prompt_ids),
-                             "resp": s.response_ids, "adv": a,
+                seqs.append({"gid": gid, "prompt": s.prompt_ids, "resp": s.response_ids, "adv": a,
+                             "train": a != 0 or lcfg.kl_coef > 0,
                              "rollout_logp": torch.tensor(s.logprobs, dtype=torch.float32)})
-        chunks = np.array_split(np.arange(len(seqs)), cfg.num_minibatches)
-        plan = [micro_batches([seqs[i] for i in c], cfg.micro_batch_tokens) for c in chunks]
-        n_micro = all_reduce([len(p) for p in plan], dist.ReduceOp.MAX)
-        plan = [p + [None] * (int(n) - len(p)) for p, n in zip(plan, n_micro)]
-        counts = all_reduce([v for c in chunks for v in (sum(len(seqs[i]["resp"]) for i in c), len(c))])
+        minibatches = [[seqs[i] for i in idx]
+                       for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
+        counts = all_reduce([x for mb in minibatches for x in (
+            sum(len(s["resp"]) for s in mb), len(mb), sum(len(s["resp"]) for s in mb if s["train"]))])
+        need_old = [s for k, mb in enumerate(minibatches) for s in mb if k > 0 or not s["train"]]
         with torch.no_grad():
-            for k, mbs in enumerate(plan):
-                passes = [m for m, needed in ((model, k > 0), (ref_model, ref_model is not None))
-                          if needed]
-                for mb in mbs:
-                    if mb is None:  # keep this rank in step with the FSDP collectives of its peers
-                        for m in passes:
-                            m(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device))
+            for mb in padded(micro_batches(need_old, cfg.micro_batch_tokens)):
+                if mb is None:
+                    dummy_forward(model, backward=False)
+                    continue
+                logp, ent = response_logprobs(model, collate(mb, device), cfg.temperature, True, share)
+                for b, s in enumerate(mb):
+                    s["old_logp"], s["old_entropy"] = logp[b, :len(s["resp"])], ent[b, :len(s["resp"])]
+            if ref_model is not None:
+                for mb in padded(micro_batches([s for s in seqs if s["train"]], cfg.micro_batch_tokens)):
+                    if mb is None:
+                        dummy_forward(ref_model, backward=False)
                         continue
-                    batch = collate(mb, device) if passes else None
-                    if k > 0:
-                        logp, ent = response_logprobs(model, batch, cfg.temperature, True)
-                    if ref_model is not None:
-                        ref_logp, _ = response_logprobs(ref_model, batch, cfg.temperature, False)
+                    logp, _ = response_logprobs(ref_model, collate(mb, device), cfg.temperature,
+                                                False, share)
                     for b, s in enumerate(mb):
-                        n = len(s["resp"])
-                        if k > 0:
-                            s["old_logp"], s["old_entropy"] = logp[b, :n], ent[b, :n]
-                        if ref_model is not None:
-                            s["ref_logp"] = ref_logp[b, :n]
+                        s["ref_logp"] = logp[b, :len(s["resp"])]
         t["old_logprobs"] = time.perf_counter() - t0
 
         # 4. Mini-batch updates: gradients accumulate over micro-batches; the loss of each is
-        # normalised by the global token/sequence counts of its mini-batch.
+        # normalised by the global token/sequence counts of its mini-batch, all sequences counted.
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
         sums, stats, updated = {}, [], False
-        for k, mbs in enumerate(plan):
-            num_tokens, num_seqs = counts[2 * k], counts[2 * k + 1]
-            if num_seqs == 0:
-                continue
+        for k, mb_seqs in enumerate(minibatches):
+            num_tokens, num_seqs, trained_tokens = counts[3 * k: 3 * k + 3]
+            if trained_tokens == 0:
+                continue  # no sequence of this mini-batch carries a gradient: no optimizer step
             optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
-            for mb in mbs:
+            for mb in padded(micro_batches([s for s in mb_seqs if s["train"]], cfg.micro_batch_tokens)):
                 if mb is None:
-                    dummy_forward(model)
+                    dummy_forward(model, backward=True)
                     continue
                 batch = collate(mb, device)
-                logp, ent = response_logprobs(model, batch, cfg.temperature, True)
-                old, old_ent = ((logp.detach(), ent) if k == 0 else
-                                (batch["old_logp"], batch["old_entropy"]))
-                loss, m = tepo.policy_loss(logp, old, batch["adv"], batch["mask"], lcfg,
-                                           num_tokens=num_tokens, num_seqs=num_seqs, entropy=ent,
-                                           old_entropy=old_ent, ref_logp=batch.get("ref_logp"),
+                logp, ent = response_logprobs(model, batch, cfg.temperature, True, share)
+                if k == 0:  # theta = theta_old: this forward is the old pass
+                    batch["old_logp"], batch["old_entropy"] = logp.detach(), ent
+                    for b, s in enumerate(mb):
+                        n = len(s["resp"])
+                        s["old_logp"], s["old_entropy"] = logp[b, :n].detach(), ent[b, :n]
+                loss, m = tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], lcfg,
+                                           num_tokens=num_tokens, num_seqs=num_seqs,
+                                           metric_tokens=trained_tokens, entropy=ent,
+                                           old_entropy=batch["old_entropy"],
+                                           ref_logp=batch.get("ref_logp"),
                                            rollout_logp=batch["rollout_logp"])
                 loss.backward()
                 loss_sum += loss.item()
@@ -594,8 +623,8 @@ def main(argv=None):
             engine.update_weights(full_weights(model))
         t["sync"] = time.perf_counter() - t0
         state["step"] = step + 1
-        record = step_metrics(cfg, step, drawn, groups, sums, stats, t, time.perf_counter() - t_step,
-                              state)
+        record = step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t,
+                              time.perf_counter() - t_step, state)
         if eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
             record["eval_accuracy"] = evaluate(engine, eval_rows, cfg, rank, world,
                                                sample_seed(cfg.seed, step + 1, 99, rank))
@@ -619,7 +648,7 @@ def main(argv=None):
     dist.destroy_process_group()
 
 
-def step_metrics(cfg, step, drawn, groups, sums, stats, t, step_time, state):
+def step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t, step_time, state):
     """One metrics.jsonl record: every diagnostic of the spec, reduced over ranks."""
     samples = [(s, r, c) for _, ss, rs, cs in drawn for s, r, c in zip(ss, rs, cs)]
     lens = [len(s.response_ids) for s, _, _ in samples]
@@ -627,21 +656,32 @@ def step_metrics(cfg, step, drawn, groups, sums, stats, t, step_time, state):
                       sum(lens), sum(s.finish_reason == "length" for s, _, _ in samples), len(groups),
                       len(drawn)])
     mx = all_reduce([max(lens, default=0)], dist.ReduceOp.MAX)[0]
-    # Loss metrics: add over ranks (min/max for the ratio extremes), then average over the
-    # mini-batches. A rank that trained on nothing has no keys, hence the gathered key set.
+    # The batch at theta_old, over every response token: entropy, Cov(logp, A), mismatch.
+    sums_b = [0.0] * 6
+    if seqs:
+        cat = lambda key: torch.cat([s[key].detach().cpu().double() for s in seqs])  # noqa: E731
+        lp, adv = cat("old_logp"), torch.cat([torch.full((len(s["resp"]),), s["adv"]) for s in seqs])
+        sums_b = [float(x) for x in (cat("old_entropy").sum(), (lp * adv).sum(), lp.sum(), adv.sum(),
+                                     (cat("rollout_logp") - lp).abs().sum(), len(lp))]
+    tok = all_reduce(sums_b)
+    n_tok = max(tok[5], 1)
+    batch = {"entropy": tok[0] / n_tok, "mismatch": tok[4] / n_tok,
+             "cov_logp_adv": tok[1] / n_tok - (tok[2] / n_tok) * (tok[3] / n_tok)}
+    # Update metrics (over the trained tokens): add over ranks (min/max for the ratio extremes),
+    # then average over mini-batches. A rank that trained on nothing has no keys: gather them.
     key_sets = [None] * dist.get_world_size()
-    dist.all_gather_object(key_sets, sorted(sums))
+    dist.all_gather_object(key_sets, sorted(k for k in sums if k not in batch and not k.startswith("cov/")))
     keys = sorted(set().union(*key_sets))
     fill = {"ratio_min": math.inf, "ratio_max": -math.inf}
     vals = [float(sums.get(k, fill.get(k, 0.0))) for k in keys]
     summed = all_reduce(vals)
     mins, maxs = all_reduce(vals, dist.ReduceOp.MIN), all_reduce(vals, dist.ReduceOp.MAX)
-    red = {k: lo if k == "ratio_min" else hi if k == "ratio_max" else s / max(len(stats), 1)
-           for k, s, lo, hi in zip(keys, summed, mins, maxs)}
+    update = {k: lo if k == "ratio_min" else hi if k == "ratio_max" else s / max(len(stats), 1)
+              for k, s, lo, hi in zip(keys, summed, mins, maxs)}
     n = max(tot[2], 1)
     record = {"step": step + 1, "reward": tot[0] / n, "accuracy": tot[1] / n,
               "response_len": tot[3] / n, "response_len_max": mx, "truncated": tot[4] / n,
-              **tepo.finish_metrics(red),
+              **batch, **update, "optimizer_steps": len(stats),
               "grad_norm": sum(g for _, g in stats) / max(len(stats), 1),
               "lr": lr_at(cfg, step), "skipped_updates": state["skipped"],
               "time/step": step_time, **{f"time/{k}": v for k, v in t.items()},

@@ -331,3 +331,14 @@ def test_bad_input_is_a_clear_error():
         LossConfig(aggregation="sum")
     with pytest.raises(ValueError, match="max_response_len"):
         LossConfig.preset("drgrpo")
+
+
+def test_metric_tokens_normalise_the_metrics_not_the_loss():
+    d = make_batch(seed=23)
+    cfg = LossConfig.preset("dapo")
+    ntok = d["mask"].sum()
+    loss_a, m_a = run_loss(d, cfg)
+    loss_b, m_b = run_loss(d, cfg, metric_tokens=ntok / 4)
+    assert loss_a.item() == loss_b.item()
+    assert m_b["clip_frac_high"].item() == pytest.approx(4 * m_a["clip_frac_high"].item())
+    assert m_b["ratio_max"].item() == m_a["ratio_max"].item()

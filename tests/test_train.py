@@ -63,35 +63,42 @@ def test_take_prompts_is_a_seeded_epoch_stream():
     assert train.take_prompts(rows, 0, 10, seed=4) != a[:10]
 
 
-def test_micro_batches_respect_the_token_budget():
-    seqs = [{"ids": [0] * n} for n in (5, 17, 3, 9, 9, 30, 2, 11)]
-    mbs = train.micro_batches(seqs, budget=30)
-    assert sorted(len(s["ids"]) for mb in mbs for s in mb) == sorted(len(s["ids"]) for s in seqs)
+def test_micro_batches_hold_one_prompt_within_the_token_budget():
+    seqs = [{"gid": g, "prompt": [0] * p, "resp": [0] * r}
+            for g, p, rs in [(0, 5, (3, 17, 9, 9)), (1, 2, (30, 2, 11)), (2, 4, (1,))] for r in rs]
+    mbs = train.micro_batches(seqs, budget=60)
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in seqs)
     for mb in mbs:
-        assert len(mb) * max(len(s["ids"]) for s in mb) <= 30
-    assert len(train.micro_batches(seqs, budget=10**6)) == 1
+        assert len({s["gid"] for s in mb}) == 1                      # one prompt per micro-batch
+        assert len(mb) * (len(mb[0]["prompt"]) + max(len(s["resp"]) for s in mb)) <= 60 or len(mb) == 1
+    assert len(train.micro_batches(seqs, budget=10**6)) == 3          # one per prompt
 
 
-def test_response_logprobs_match_a_per_sequence_forward(tmp_path):
-    """The padded, shifted, gathered log-probs equal a plain forward of each sequence alone."""
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_response_logprobs_match_a_per_sequence_forward(tmp_path, share_prompt):
+    """One prompt's padded responses, with or without the shared prompt pass, give the log-probs,
+    entropies and gradients of a plain forward of each sequence alone."""
     from transformers import AutoModelForCausalLM
     path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
-    seqs = []
-    for plen, rlen in [(5, 3), (9, 1), (3, 7), (6, 6)]:
-        ids = torch.randint(2, 100, (plen + rlen,), generator=g).tolist()
-        seqs.append({"ids": ids, "plen": plen, "resp": ids[plen:], "adv": 0.5,
-                     "rollout_logp": torch.zeros(rlen)})
+    prompt = torch.randint(2, 100, (6,), generator=g).tolist()
+    seqs = [{"gid": 0, "prompt": prompt, "resp": torch.randint(2, 100, (n,), generator=g).tolist(),
+             "adv": 0.5, "rollout_logp": torch.zeros(n)} for n in (3, 1, 7, 6)]
     batch = train.collate(seqs, torch.device("cpu"))
-    with torch.no_grad():
-        logp, ent = train.response_logprobs(model, batch, temperature=0.8, with_entropy=True)
-        for b, s in enumerate(seqs):
-            logits = model(input_ids=torch.tensor([s["ids"]])).logits[0] / 0.8
-            lp = torch.log_softmax(logits, -1)
-            n = len(s["resp"])
-            want = lp[s["plen"] - 1:-1].gather(1, torch.tensor(s["resp"])[:, None]).squeeze(1)
-            assert torch.allclose(logp[b, :n], want, atol=1e-5)
-            want_h = -(lp.exp() * lp).sum(-1)[s["plen"] - 1:-1]
-            assert torch.allclose(ent[b, :n], want_h, atol=1e-5)
-            assert batch["mask"][b].sum() == n
+    logp, ent = train.response_logprobs(model, batch, 0.8, True, share_prompt)
+    weights = torch.randn(logp.shape, generator=g) * batch["mask"]
+    grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
+    total = 0
+    for b, s in enumerate(seqs):
+        n = len(s["resp"])
+        ids = torch.tensor([prompt + s["resp"]])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0] / 0.8, -1)[len(prompt) - 1:-1]
+        want = lp.gather(1, torch.tensor(s["resp"])[:, None]).squeeze(1)
+        assert torch.allclose(logp[b, :n], want, atol=1e-5)
+        assert torch.allclose(ent[b, :n], -(lp.exp() * lp).sum(-1), atol=1e-5)
+        total = total + (want * weights[b, :n]).sum()
+        assert batch["mask"][b].sum() == n
+    ref = torch.autograd.grad(total, list(model.parameters()))
+    for got, want in zip(grads, ref):
+        assert torch.allclose(got, want, atol=1e-5)
