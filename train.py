@@ -298,23 +298,25 @@ def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True
     out = model(input_ids=prompt, logits_to_keep=1, use_cache=True)
     cache = out.past_key_values
     cache.batch_repeat_interleave(b)
-    parts = [tepo.token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
-                                         with_entropy)]         # the first token, from the prompt
-    if R > 1:
-        logits = model(input_ids=resp[:, :-1], past_key_values=cache, use_cache=True).logits
-        parts.append(tepo.token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy))
-    logp = torch.cat([p[0] for p in parts], dim=1)
-    return logp, torch.cat([p[1] for p in parts], dim=1) if with_entropy else None
+    first = tepo.token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
+                                        with_entropy)           # the first token, from the prompt
+    # Always a second call, even for R = 1 (its last position is dropped): every FSDP forward is a
+    # collective, so each micro-batch must make the same calls on every rank (see `padded`).
+    logits = model(input_ids=resp, past_key_values=cache, use_cache=True).logits[:, :-1]
+    rest = tepo.token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy)
+    logp = torch.cat([first[0], rest[0]], dim=1)
+    return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
 
 
-def dummy_forward(model, backward):
-    """A forward (and backward) that contributes nothing: see `padded`."""
+def dummy_forward(model, backward, share_prompt):
+    """The calls of a one-token micro-batch, contributing nothing: see `padded`."""
     device = next(model.parameters()).device
+    tiny = {"prompt": torch.zeros(1, 1, dtype=torch.long, device=device),
+            "resp": torch.zeros(1, 1, dtype=torch.long, device=device)}
     with torch.set_grad_enabled(backward):
-        logits = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=device),
-                       use_cache=False).logits
+        logp, _ = response_logprobs(model, tiny, 1.0, False, share_prompt)
     if backward:
-        logits.sum().mul(0.0).backward()
+        logp.sum().mul(0.0).backward()
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -547,7 +549,7 @@ def main(argv=None):
         with torch.no_grad():
             for mb in padded(micro_batches(need_old, cfg.micro_batch_tokens)):
                 if mb is None:
-                    dummy_forward(model, backward=False)
+                    dummy_forward(model, False, share)
                     continue
                 logp, ent = response_logprobs(model, collate(mb, device), cfg.temperature, True, share)
                 for b, s in enumerate(mb):
@@ -555,7 +557,7 @@ def main(argv=None):
             if ref_model is not None:
                 for mb in padded(micro_batches([s for s in seqs if s["train"]], cfg.micro_batch_tokens)):
                     if mb is None:
-                        dummy_forward(ref_model, backward=False)
+                        dummy_forward(ref_model, False, share)
                         continue
                     logp, _ = response_logprobs(ref_model, collate(mb, device), cfg.temperature,
                                                 False, share)
@@ -577,7 +579,7 @@ def main(argv=None):
             loss_sum = 0.0
             for mb in padded(micro_batches([s for s in mb_seqs if s["train"]], cfg.micro_batch_tokens)):
                 if mb is None:
-                    dummy_forward(model, backward=True)
+                    dummy_forward(model, True, share)
                     continue
                 batch = collate(mb, device)
                 logp, ent = response_logprobs(model, batch, cfg.temperature, True, share)
