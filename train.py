@@ -162,7 +162,7 @@ def load_policy(path, cfg, device, trainable=True):
     must agree exactly at theta = theta_old.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -180,6 +180,12 @@ def load_policy(path, cfg, device, trainable=True):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    # The loss is already normalised by global counts, so rank gradients must be summed, not
+    # averaged (FSDP's default divides by the world size). Plain SUM: gloo has no PREMUL_SUM.
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
     model.train(trainable)
     if not trainable:
         model.requires_grad_(False)
