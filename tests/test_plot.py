@@ -1,0 +1,25 @@
+"""plot.py turns metrics.jsonl into a PNG (matplotlib is optional: skipped without it)."""
+import json
+
+import pytest
+
+import plot
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 0, "eval_accuracy": 0.2}] + [
+        {"step": s, "reward": 0.1 * s, "accuracy": 0.1 * s, "entropy": 1 / s, "response_len": 40 + s,
+         "kl_old": 0.01, "loss/kl_mask": 0.001, "cov_logp_adv": 0.02} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = plot.main([str(run)])
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert plot.series(rows, "eval_accuracy") == ([0], [0.2])
+
+
+def test_plot_names_a_missing_metrics_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        plot.read_metrics(str(tmp_path))
