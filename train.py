@@ -18,6 +18,7 @@ import math
 import os
 import random
 import shutil
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -140,9 +141,12 @@ def load_config(path, overrides=()):
 
 def setup_distributed():
     """Join the torchrun group (or a group of one): nccl on GPU, gloo on CPU. -> rank, world, device."""
-    if "RANK" not in os.environ:  # plain `python train.py`: a group of one
+    if "RANK" not in os.environ:  # plain `python train.py`: a group of one, on a free port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29511"))
+                          MASTER_PORT=os.environ.get("MASTER_PORT", port))
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
@@ -314,6 +318,22 @@ def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True
     return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
 
 
+@torch.no_grad()
+def no_grad_logprobs(model, seqs, prefix, cfg, device, share_prompt):
+    """Set s[prefix + "_logp"] (R,) of every sequence under `model`, and s["old_entropy"] (R,)
+    for prefix "old": the old policy's (or the reference's) values the loss compares against."""
+    for mb in padded(micro_batches(seqs, cfg.micro_batch_tokens)):
+        if mb is None:
+            dummy_forward(model, False, share_prompt)
+            continue
+        logp, ent = response_logprobs(model, collate(mb, device), cfg.temperature,
+                                      prefix == "old", share_prompt)
+        for b, s in enumerate(mb):
+            s[prefix + "_logp"] = logp[b, :len(s["resp"])]
+            if ent is not None:
+                s["old_entropy"] = ent[b, :len(s["resp"])]
+
+
 def dummy_forward(model, backward, share_prompt):
     """The calls of a one-token micro-batch, contributing nothing: see `padded`."""
     device = next(model.parameters()).device
@@ -370,10 +390,8 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank):
 
 
 def list_checkpoints(out_dir):
-    if not os.path.isdir(out_dir):
-        return []
-    return [os.path.join(out_dir, d) for d in sorted(os.listdir(out_dir))
-            if d.startswith("step_") and not d.endswith(".tmp")]
+    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    return [os.path.join(out_dir, d) for d in names if d.startswith("step_") and not d.endswith(".tmp")]
 
 
 def load_training_state(ckpt, model, optimizer, rank):
@@ -552,23 +570,9 @@ def main(argv=None):
         counts = all_reduce([x for mb in minibatches for x in (
             sum(len(s["resp"]) for s in mb), len(mb), sum(len(s["resp"]) for s in mb if s["train"]))])
         need_old = [s for k, mb in enumerate(minibatches) for s in mb if k > 0 or not s["train"]]
-        with torch.no_grad():
-            for mb in padded(micro_batches(need_old, cfg.micro_batch_tokens)):
-                if mb is None:
-                    dummy_forward(model, False, share)
-                    continue
-                logp, ent = response_logprobs(model, collate(mb, device), cfg.temperature, True, share)
-                for b, s in enumerate(mb):
-                    s["old_logp"], s["old_entropy"] = logp[b, :len(s["resp"])], ent[b, :len(s["resp"])]
-            if ref_model is not None:
-                for mb in padded(micro_batches([s for s in seqs if s["train"]], cfg.micro_batch_tokens)):
-                    if mb is None:
-                        dummy_forward(ref_model, False, share)
-                        continue
-                    logp, _ = response_logprobs(ref_model, collate(mb, device), cfg.temperature,
-                                                False, share)
-                    for b, s in enumerate(mb):
-                        s["ref_logp"] = logp[b, :len(s["resp"])]
+        no_grad_logprobs(model, need_old, "old", cfg, device, share)
+        if ref_model is not None:
+            no_grad_logprobs(ref_model, [s for s in seqs if s["train"]], "ref", cfg, device, share)
         t["old_logprobs"] = time.perf_counter() - t0
 
         # 4. Mini-batch updates: gradients accumulate over micro-batches; the loss of each is

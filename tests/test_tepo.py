@@ -7,7 +7,16 @@ import torch
 from tepo import (METHODS, LossConfig, aggregate, finish_metrics, group_advantages, kl_estimate,
                   policy_loss, token_logprobs_entropy)
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64_by_default():
+    """References in float64 here; restored after each test (a module-level set_default_dtype would
+    run at collection and make every other file's tensors and models float64 too)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 # ----------------------------------------------------------------------------- advantages
