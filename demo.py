@@ -70,7 +70,7 @@ def make_tiny_model(path, *, hidden=64, layers=2, heads=2, kv_heads=1, intermedi
         max_position_embeddings=max_positions, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32")
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config).float()  # float32 whatever torch's default dtype
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -100,7 +100,7 @@ STORIES = {  # {n} a name, {o} the things, {a} {b} the numbers
 }
 
 
-def worked_solution(a, op, b):
+def worked_solution(a, op, b, slip=None):
     """The worked solution of `a op b`: one line per digit column, right to left, then the answer.
 
     347+258 -> "347+258\\n7+8+0=15\\n4+5+1=10\\n3+2+1=06\\n\\boxed{605}". Every column line has the
@@ -110,6 +110,11 @@ def worked_solution(a, op, b):
     "1x-y-c=rr", and gives the borrow back when it was not needed: the next c is 1 - rr // 10
     (547-258: "17-8-0=09\\n14-5-1=08\\n15-2-1=12"). The answer is the columns' units digits read
     from the last line up, after the last line's tens digit (for + and *).
+
+    `slip=(i, d)` writes a slip of one in column i: its result is rr + d (d = +1 or -1; -d where
+    rr + d would leave 0..19, 0..99 for *). What follows is read off the written lines, as a
+    person's slip would go on: the next carry comes from the wrong line, the boxed answer is
+    the one the lines give (347+258 with slip (1, -1): "4+5+1=09\\n3+2+0=05\\n\\boxed{595}").
     """
     if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
         raise ValueError(f"operands must be non-negative ints, got {a!r}, {b!r}")
@@ -120,29 +125,39 @@ def worked_solution(a, op, b):
     if op == "*" and b > 9:
         raise ValueError(f"multiplication is by one digit, got {a} * {b}")
     da, db = str(a)[::-1], str(b)[::-1]
-    lines, carry = [f"{a}{op}{b}"], 0
-    for i in range(len(da) if op == "*" else max(len(da), len(db))):
+    ncols = len(da) if op == "*" else max(len(da), len(db))
+    if slip is not None and (len(slip) != 2 or slip[0] not in range(ncols) or slip[1] not in (-1, 1)):
+        raise ValueError(f"slip must be (column in 0..{ncols - 1}, +1 or -1), got {slip!r}")
+    lines, carry, digits = [f"{a}{op}{b}"], 0, []
+    for i in range(ncols):
         x = int(da[i]) if i < len(da) else 0
         y = b if op == "*" else (int(db[i]) if i < len(db) else 0)
-        if op == "-":
-            r = 10 + x - y - carry
-            lines.append(f"1{x}-{y}-{carry}={r:02d}")
-            carry = 1 - r // 10
-        else:
-            r = x * y + carry if op == "*" else x + y + carry
-            lines.append(f"{x}{op}{y}+{carry}={r:02d}")
-            carry = r // 10
-    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+        r = 10 + x - y - carry if op == "-" else x * y + carry if op == "*" else x + y + carry
+        if slip is not None and slip[0] == i:
+            top = 99 if op == "*" else 19
+            r = r + slip[1] if 0 <= r + slip[1] <= top else r - slip[1]
+        lines.append(f"1{x}-{y}-{carry}={r:02d}" if op == "-" else f"{x}{op}{y}+{carry}={r:02d}")
+        carry = 1 - r // 10 if op == "-" else r // 10
+        digits.append(r % 10)
+    head = "" if op == "-" else str(carry)  # the borrow given back is no digit of a - b
+    answer = int(head + "".join(str(d) for d in reversed(digits)))
     lines.append(f"\\boxed{{{answer}}}")
     return "\n".join(lines)
 
 
-def make_row(a, op, b, rng):
-    """One data row {"problem", "answer", "solution"} for `a op b`, the story drawn from `rng`."""
+def make_row(a, op, b, rng, slip=None):
+    """One data row {"problem", "answer", "solution"} for `a op b`, the story drawn from `rng`.
+
+    "answer" is always the true result; the solution ends in another one when it has a `slip`.
+    """
     story = rng.choice(STORIES[op])
     problem = story.format(n=rng.choice(NAMES), o=rng.choice(THINGS), a=a, b=b)
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return {"problem": problem, "answer": str(answer), "solution": worked_solution(a, op, b)}
+    return {"problem": problem, "answer": str(answer), "solution": worked_solution(a, op, b, slip)}
+
+
+# The share of pre-training solutions with one slip (see the module docstring).
+SLIP_PROB = 0.6
 
 
 def sample_operands(rng, ops="+-", digits=(2, 3)):
@@ -158,15 +173,19 @@ def sample_operands(rng, ops="+-", digits=(2, 3)):
     return a, op, b
 
 
-def generate_rows(n, seed, *, ops="+-", digits=(2, 3), exclude=()):
+def generate_rows(n, seed, *, ops="+-", digits=(2, 3), exclude=(), slip_prob=0.0):
     """`n` distinct rows from `seed`, none of whose sums is in `exclude`; return (rows, their keys).
 
     A key is (a, op, b), with a <= b for the commutative +, so no split holds a swapped copy.
+    Each solution has one slip with probability `slip_prob` (column and sign uniform), drawn
+    from a stream of its own, so the problems drawn do not depend on `slip_prob`.
     """
     if not ops or set(ops) - set(STORIES) or not digits or min(digits) < 1:
         raise ValueError(f"ops must be made of {''.join(STORIES)} and digits >= 1, "
                          f"got ops={ops!r} digits={digits!r}")
-    rng = random.Random(seed)
+    if not 0.0 <= slip_prob <= 1.0:
+        raise ValueError(f"slip_prob must be in [0, 1], got {slip_prob!r}")
+    rng, slip_rng = random.Random(seed), random.Random(f"slips-{seed}")
     seen, rows = set(exclude), []
     for _ in range(100 * n):
         if len(rows) == n:
@@ -176,23 +195,29 @@ def generate_rows(n, seed, *, ops="+-", digits=(2, 3), exclude=()):
         if key in seen:
             continue
         seen.add(key)
-        rows.append(make_row(a, op, b, rng))
+        slip = None
+        if slip_rng.random() < slip_prob:
+            slip = (slip_rng.randrange(len(str(a)) if op == "*" else len(str(max(a, b)))),
+                    slip_rng.choice((-1, 1)))
+        rows.append(make_row(a, op, b, rng, slip))
     if len(rows) < n:
         raise ValueError(f"could not draw {n} distinct problems with ops={ops!r} digits={digits}")
     return rows, seen - set(exclude)
 
 
 def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, ops="+-",
-                    digits=(2, 3)):
+                    digits=(2, 3), slip_prob=SLIP_PROB):
     """Write train.jsonl (RL prompts), test.jsonl (held out) and sft.jsonl (with solutions).
 
     The three splits share no (a, op, b), so held-out accuracy measures arithmetic, not recall.
+    Only the SFT solutions have slips (`slip_prob`); every "answer" is the true result.
     Returns {split: rows}.
     """
     os.makedirs(out_dir, exist_ok=True)
     splits, used = {}, set()
     for i, (name, n) in enumerate([("test", n_test), ("train", n_train), ("sft", n_sft)]):
-        rows, keys = generate_rows(n, seed * 1000 + i, ops=ops, digits=digits, exclude=used)
+        rows, keys = generate_rows(n, seed * 1000 + i, ops=ops, digits=digits, exclude=used,
+                                   slip_prob=slip_prob if name == "sft" else 0.0)
         used |= keys
         if name != "sft":  # the RL and eval splits carry no worked solution
             rows = [{"problem": r["problem"], "answer": r["answer"]} for r in rows]
@@ -356,6 +381,8 @@ def main():
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--decay-frac", type=float, default=0.25, help="final linear lr decay share")
     p.add_argument("--ops", default="+-")
+    p.add_argument("--slip-prob", type=float, default=SLIP_PROB,
+                   help="share of pre-training solutions with one slip of one")
     p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
     e = sub.add_parser("eval", help="held-out accuracy of a model directory")
     e.add_argument("model_dir")
@@ -368,7 +395,7 @@ def main():
     if args.cmd == "prepare":
         t0 = time.time()
         data_dir, model_dir = os.path.join(args.out, "data"), os.path.join(args.out, "model")
-        write_demo_data(data_dir, seed=args.seed, ops=args.ops)
+        write_demo_data(data_dir, seed=args.seed, ops=args.ops, slip_prob=args.slip_prob)
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
         sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
         pretrain(model_dir, sft_rows, steps=args.steps, batch_size=args.batch_size, lr=args.lr,

@@ -19,7 +19,7 @@ def _numbers(problem):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo_data")
-    demo.write_demo_data(str(out), seed=3, n_train=400, n_test=200, n_sft=600, ops="+-*")
+    demo.write_demo_data(str(out), seed=3, n_train=400, n_test=200, n_sft=600, ops="+-*")  # with slips
     return {s: load_problems(str(out / f"{s}.jsonl")) for s in ("train", "test", "sft")}
 
 
@@ -37,38 +37,50 @@ def test_generator_is_seeded_and_reproducible(tmp_path):
 
 
 def _check_worked_solution(problem, answer, solution):
-    """Check a worked solution independently of demo.worked_solution's own code."""
+    """Check a worked solution independently of demo.worked_solution's own code.
+
+    Every column line must be right arithmetic except at most one slip of one (result off by +-1);
+    every carry is read from the line written above it and the box holds what the written lines
+    give. Returns the slipped column, or None for a clean solution (whose box is `answer`).
+    """
     lines = solution.split("\n")
     head, steps, last = lines[0], lines[1:-1], lines[-1]
     m = re.fullmatch(r"(\d+)([-+*])(\d+)", head)
     assert m, head
     a, op, b = int(m[1]), m[2], int(m[3])
     assert sorted(_numbers(problem)) == sorted([a, b])  # the equation is the problem's
-    assert eval(head) == int(answer) >= 0
-    assert last == "\\boxed{" + answer + "}"
+    assert eval(head) == int(answer) >= 0  # "answer" is the true result, slip or not
     ncols = len(str(a)) if op == "*" else max(len(str(a)), len(str(b)))
     assert len(steps) == ncols
     da = [int(c) for c in reversed(str(a))] + [0] * 3
     db = [int(c) for c in reversed(str(b))] + [0] * 3
-    carry, digits = 0, []
+    carry, digits, slipped = 0, [], []
     for i, step in enumerate(steps):
         m = re.fullmatch(r"(\d+)([-+*])(\d)([-+])(\d)=(\d\d)", step)
         assert m, step
         x, y, c, r = int(m[1]), int(m[3]), int(m[5]), int(m[6])
-        assert eval(step.split("=")[0]) == r  # each step is right arithmetic
+        if r != eval(step.split("=")[0]):  # each step is right arithmetic, or a slip of one
+            assert abs(r - eval(step.split("=")[0])) == 1, step
+            slipped.append(i)
         assert m[2] == op and m[4] == ("-" if op == "-" else "+") and c == carry
         if op == "-":  # always borrow ten; the next column pays it back only if it was needed
-            assert (x, y) == (10 + da[i], db[i])
+            assert (x, y) == (10 + da[i], db[i]) and 0 <= r <= 19
             carry = 1 - r // 10
         else:
             assert (x, y) == (da[i], b if op == "*" else db[i])
             carry = r // 10
         digits.append(r % 10)
+    assert len(slipped) <= 1
     # the units digits read from the last column up (after the carry out of + and *) are the answer
     top = "" if op == "-" else str(carry)
-    assert str(int(top + "".join(str(d) for d in reversed(digits)))) == answer
-    if op == "-":
-        assert carry == 0  # a >= b: nothing left to borrow
+    assert last == "\\boxed{" + str(int(top + "".join(str(d) for d in reversed(digits)))) + "}"
+    if not slipped:
+        assert last == "\\boxed{" + answer + "}"
+        if op == "-":
+            assert carry == 0  # a >= b: nothing left to borrow
+        return None
+    assert last != "\\boxed{" + answer + "}" and demo.grade(solution, answer) == 0.0
+    return slipped[0]
 
 
 def test_worked_solutions_are_right(data):
@@ -85,6 +97,74 @@ def test_worked_solutions_are_right(data):
         "503-78\n13-8-0=05\n10-7-1=02\n15-0-1=14\n\\boxed{425}"
     assert demo.worked_solution(95, "*", 7) == "95*7\n5*7+0=35\n9*7+3=66\n\\boxed{665}"
     assert demo.worked_solution(40, "-", 34) == "40-34\n10-4-0=06\n14-3-1=10\n\\boxed{6}"
+
+
+def test_slips_by_hand():
+    # the slip loses the carry: 4+5+1 written 09, so the next column adds 0 and the box says 595
+    assert demo.worked_solution(347, "+", 258, slip=(1, -1)) == \
+        "347+258\n7+8+0=15\n4+5+1=09\n3+2+0=05\n\\boxed{595}"
+    # the slip invents a carry: 7+8+0=16 would be 1 too, 4+5+1=10 still; only the units change
+    assert demo.worked_solution(347, "+", 258, slip=(0, 1)) == \
+        "347+258\n7+8+0=16\n4+5+1=10\n3+2+1=06\n\\boxed{606}"
+    # subtraction: the top column written 13 instead of 14; a middle column 03 instead of 02
+    assert demo.worked_solution(503, "-", 78, slip=(2, -1)) == \
+        "503-78\n13-8-0=05\n10-7-1=02\n15-0-1=13\n\\boxed{325}"
+    assert demo.worked_solution(503, "-", 78, slip=(1, 1)) == \
+        "503-78\n13-8-0=05\n10-7-1=03\n15-0-1=14\n\\boxed{435}"
+    # at the ends of the range the slip goes the other way: 19+1 -> 18, 00-1 -> 01
+    assert demo.worked_solution(29, "-", 10, slip=(0, 1)) == "29-10\n19-0-0=18\n12-1-0=11\n\\boxed{18}"
+    assert demo.worked_solution(10, "+", 20, slip=(0, -1)) == "10+20\n0+0+0=01\n1+2+0=03\n\\boxed{31}"
+    assert demo.worked_solution(95, "*", 7, slip=(0, 1)) == "95*7\n5*7+0=36\n9*7+3=66\n\\boxed{666}"
+    for bad in [(3, 1), (0, 2), (0, 0), (-1, 1), (0,)]:
+        with pytest.raises(ValueError, match="slip"):
+            demo.worked_solution(347, "+", 258, slip=bad)
+
+
+def test_a_slip_changes_exactly_one_line_and_what_follows_from_it():
+    import random
+    rng = random.Random(5)
+    for _ in range(2000):
+        a, op, b = demo.sample_operands(rng, "+-*", (1, 2, 3))
+        clean = demo.worked_solution(a, op, b).split("\n")
+        ncols = len(clean) - 2
+        i, d = rng.randrange(ncols), rng.choice((-1, 1))
+        slipped = demo.worked_solution(a, op, b, slip=(i, d)).split("\n")
+        problem = f"{a} {b}"
+        assert _check_worked_solution(problem, str(eval(f"{a}{op}{b}")), "\n".join(slipped)) == i
+        assert slipped[:i + 1] == clean[:i + 1]  # the header and the columns before are untouched
+        lhs, r = clean[i + 1].split("=")
+        lhs2, r2 = slipped[i + 1].split("=")
+        assert lhs2 == lhs and abs(int(r2) - int(r)) == 1  # same operands, result off by one
+        # ... and in the direction drawn, unless that leaves the range of the operation
+        top = 99 if op == "*" else 19
+        assert int(r2) == int(r) + d or not 0 <= int(r) + d <= top
+
+
+def test_slip_rate_matches_slip_prob_and_rl_rows_never_slip(tmp_path):
+    n = 3000
+    for p in (0.0, 0.6, 1.0):
+        rows, _ = demo.generate_rows(n, 7, ops="+-*", slip_prob=p)
+        cols = [_check_worked_solution(r["problem"], r["answer"], r["solution"]) for r in rows]
+        rate = sum(c is not None for c in cols) / n
+        assert abs(rate - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 1e-9, (p, rate)
+        # the problems drawn do not depend on slip_prob, only the solutions do
+        assert [r["problem"] for r in rows] == [r["problem"] for r in demo.generate_rows(n, 7, ops="+-*")[0]]
+    with pytest.raises(ValueError, match="slip_prob"):
+        demo.generate_rows(5, 0, slip_prob=1.5)
+    demo.write_demo_data(str(tmp_path / "a"), seed=2, n_train=300, n_test=300, n_sft=300,
+                         ops="+-*", slip_prob=0.9)
+    demo.write_demo_data(str(tmp_path / "b"), seed=2, n_train=300, n_test=300, n_sft=300,
+                         ops="+-*", slip_prob=0.0)
+    for split in ("train", "test"):  # the RL and held-out splits are the same whatever slip_prob
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+        for row in load_problems(str(tmp_path / "a" / f"{split}.jsonl")):
+            x, y = _numbers(row["problem"])
+            plus = re.search(r"more|adds", row["problem"])
+            times = re.search(r"bags|boxes of", row["problem"])
+            assert int(row["answer"]) == (x * y if times else x + y if plus else x - y)  # gold is right
+    sft = load_problems(str(tmp_path / "a" / "sft.jsonl"))
+    slipped = sum(_check_worked_solution(r["problem"], r["answer"], r["solution"]) is not None for r in sft)
+    assert 0.8 * 300 <= slipped < 300  # ~0.9 of them, about 270
 
 
 def test_bad_input_is_a_clear_error():
