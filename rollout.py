@@ -17,11 +17,13 @@ scales with the number of GPUs. Under torchrun vLLM joins the trainer's process 
   in place (GPU to GPU, bucket by bucket, no disk, no second process).
 - CPU (here): the same process and RAM. vLLM keeps a plain copy of the weights and a KV cache of
   VLLM_CPU_KVCACHE_SPACE GiB (default 1); `sleep()`/`wake()` do nothing. Sampling and training
-  take turns on the same cores: `generate` runs with `threads` torch threads (default 1) and puts
-  the trainer's thread count back afterwards. One thread is the default because decoding runs
-  thousands of small ops, each ending in an OpenMP barrier: with two threads on two cores, any
-  other busy process (or the other rank) stalls every barrier, and decoding was measured 6-25x
-  slower than with one thread (a 17.8 M model: 130 vs 1,000 tokens/s on a busy 2-core machine).
+  take turns on the same cores: `generate` runs with `threads` torch threads (default: the
+  trainer's own count, torch.get_num_threads(), which torchrun sets to 1 per rank when it starts
+  several and which is all cores for a single process) and puts the trainer's count back
+  afterwards. Do not give the ranks more threads than cores together: decoding runs thousands
+  of small ops, each ending in an OpenMP barrier, and with two threads per core-sharing rank
+  every barrier stalls (measured 6-25x slower: a 17.8 M model, 130 vs 1,000 tokens/s). On an
+  idle 2-core machine one process with 2 threads decodes that model ~1.35x faster than with 1.
 
 Log-probs. `Sample.logprobs` are log-softmax(logits / temperature) of the sampled tokens, the same
 quantity the trainer computes (vLLM's default would be the raw logits at temperature 1: we ask
@@ -152,8 +154,8 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
     `gpu_memory_utilization` is the GPU fraction vLLM takes for weights and KV cache (the trainer
     gets the rest); `enable_sleep_mode` (default: on for CUDA) lets `sleep()` free it.
     `enable_prefix_caching` lets the n samples of a prompt share its KV. `max_num_seqs` bounds
-    the sequences decoded together. `threads`: torch threads while sampling on CPU (default 1,
-    see the module docstring). `hf_batch_size`: sequences per transformers `generate` call.
+    the sequences decoded together. `threads`: torch threads while sampling on CPU (default: the
+    caller's torch.get_num_threads(), see the module docstring). `hf_batch_size`: sequences per transformers `generate` call.
     Other keyword arguments go to `vllm.LLM`.
     """
     if backend not in BACKENDS:
@@ -175,7 +177,7 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
     device = torch.device(f"cuda:{local_rank}") if cuda else torch.device("cpu")
     if not cuda:
         _bind_cpus(local_rank, local_world)
-    threads = None if cuda else (threads or 1)
+    threads = None if cuda else (threads or torch.get_num_threads())
     if backend == "hf":
         return HFEngine(model_path, dtype, device, max_model_len, seed, rank, threads,
                         hf_batch_size)

@@ -79,6 +79,7 @@ class Config:
     save_every: int = 0                  # checkpoint period in steps (0: only at the end)
     keep_last: int = 2                   # checkpoints kept in out_dir
     log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
+    full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
     max_bad_steps: int = 5               # non-finite updates in a row before the run stops
 
     def __post_init__(self):
@@ -113,13 +114,10 @@ def load_config(path, overrides=()):
             target = target.setdefault(p, {})
         target[leaf] = yaml.safe_load(value)
     valid = {f.name: f for f in dataclasses.fields(Config)}
-    unknown = sorted(set(raw) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown config key(s) {unknown}; valid keys: {sorted(valid)}")
     loss_valid = {f.name for f in dataclasses.fields(tepo.LossConfig)} - {"method"}
-    bad = sorted(set(raw.get("loss") or {}) - loss_valid)
-    if bad:
-        raise ValueError(f"unknown loss key(s) {bad}; valid keys: {sorted(loss_valid)}")
+    for what, keys, ok in (("config", raw, valid), ("loss", raw.get("loss") or {}, loss_valid)):
+        if set(keys) - set(ok):
+            raise ValueError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
     for key, value in raw.items():  # catch `lr: abc` early, with the key's name
         default = valid[key].default
         if isinstance(default, (int, float)) and not isinstance(default, bool):
@@ -348,11 +346,12 @@ def dummy_forward(model, backward, share_prompt):
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank):
+def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False):
     """Write out_dir/step_XXXXXX: an HF model directory plus the training state, atomically.
 
     Everything goes to a `.tmp` directory that is renamed once complete, so a crash mid-save never
-    damages the last good checkpoint; then all but the newest `keep_last` are removed.
+    damages the last good checkpoint; then all but the newest `keep_last` are removed. `last`:
+    also point the out_dir/final link at it.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -385,6 +384,11 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank):
         os.replace(tmp, final)
         for old in sorted(list_checkpoints(cfg.out_dir))[:-cfg.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+        if last:  # a new link renamed over the old one: `final` always points somewhere whole
+            tmp_link = os.path.join(cfg.out_dir, f"final.{os.getpid()}.tmp")
+            os.symlink(os.path.basename(final), tmp_link)
+            os.replace(tmp_link, os.path.join(cfg.out_dir, "final"))
+            print(f"final checkpoint: {final} (also {os.path.join(cfg.out_dir, 'final')})")
     dist.barrier()
     return final
 
@@ -453,11 +457,9 @@ def grade(cfg, sample, answer):
     `overlong_buffer` tokens before max_new_tokens."""
     r = reward.math_reward(sample.text, answer, format_reward=cfg.format_reward,
                            no_answer_penalty=cfg.no_answer_penalty)
-    correct = r >= 1.0
     B, n = cfg.overlong_buffer, len(sample.response_ids)
-    if B > 0 and n > cfg.max_new_tokens - B:
-        r += min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor)
-    return r, correct
+    penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
+    return r + penalty, r >= 1.0
 
 
 def main(argv=None):
@@ -475,11 +477,9 @@ def main(argv=None):
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     rows = load_train_rows(cfg, tokenizer, rank)
-    eval_rows = []
-    if cfg.eval_data:
-        eval_rows = rollout.load_problems(cfg.eval_data)[:cfg.eval_max_problems or None]
-        for row in eval_rows:
-            row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
+    eval_rows = rollout.load_problems(cfg.eval_data)[:cfg.eval_max_problems or None] if cfg.eval_data else []
+    for row in eval_rows:
+        row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
 
     ckpt = None
     if args.resume:
@@ -496,8 +496,7 @@ def main(argv=None):
     state = {"step": 0, "data_pos": 0, "bad_in_a_row": 0, "skipped": 0}
     if ckpt:
         state = load_training_state(ckpt, model, optimizer, rank)
-    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-    engine = rollout.make_engine(start, backend=cfg.backend, dtype=dtype, seed=cfg.seed + rank,
+    engine = rollout.make_engine(start, backend=cfg.backend, dtype=cfg.dtype, seed=cfg.seed + rank,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
 
@@ -554,7 +553,8 @@ def main(argv=None):
 
         # 3. Advantages; then old log-probs and entropy (no grad) and reference log-probs where
         # needed. A sequence with A = 0 carries no gradient (unless a KL-to-reference term is on),
-        # so the update skips it; the old pass still gives it entropy for the metrics. Before the
+        # so the update skips it; the old pass still gives it entropy for the metrics (unless
+        # full_batch_metrics is off). Before the
         # first optimizer step theta = theta_old, so the first mini-batch's trained sequences get
         # their old log-probs from their own forward in step 4, with no extra pass.
         t0 = time.perf_counter()
@@ -569,7 +569,8 @@ def main(argv=None):
                        for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
         counts = all_reduce([x for mb in minibatches for x in (
             sum(len(s["resp"]) for s in mb), len(mb), sum(len(s["resp"]) for s in mb if s["train"]))])
-        need_old = [s for k, mb in enumerate(minibatches) for s in mb if k > 0 or not s["train"]]
+        need_old = [s for k, mb in enumerate(minibatches) for s in mb
+                    if (k > 0 and s["train"]) or (not s["train"] and cfg.full_batch_metrics)]
         no_grad_logprobs(model, need_old, "old", cfg, device, share)
         if ref_model is not None:
             no_grad_logprobs(ref_model, [s for s in seqs if s["train"]], "ref", cfg, device, share)
@@ -596,8 +597,7 @@ def main(argv=None):
                 if k == 0:  # theta = theta_old: this forward is the old pass
                     batch["old_logp"], batch["old_entropy"] = logp.detach(), ent
                     for b, s in enumerate(mb):
-                        n = len(s["resp"])
-                        s["old_logp"], s["old_entropy"] = logp[b, :n].detach(), ent[b, :n]
+                        s["old_logp"], s["old_entropy"] = logp[b, :len(s["resp"])].detach(), ent[b, :len(s["resp"])]
                 loss, m = tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], lcfg,
                                            num_tokens=num_tokens, num_seqs=num_seqs,
                                            metric_tokens=trained_tokens, entropy=ent,
@@ -645,18 +645,11 @@ def main(argv=None):
                         s_per_step=f"{record['time/step']:.1f}")
         if rank == 0 and cfg.log_samples_every and step % cfg.log_samples_every == 0:
             with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
-                for row, samples, rewards, _ in drawn[:2]:
-                    for s, r in list(zip(samples, rewards))[:2]:
-                        f.write(json.dumps({"step": step + 1, "prompt": row["prompt"], "answer": row["answer"],
-                                            "response": s.text, "reward": r}) + "\n")
+                f.writelines(json.dumps({"step": step + 1, "prompt": row["prompt"], "answer": row["answer"],
+                                         "response": s.text, "reward": r}) + "\n"
+                             for row, samples, rewards, _ in drawn[:2] for s, r in zip(samples[:2], rewards))
         if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
-            path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank)
-            if rank == 0 and step + 1 == cfg.steps:  # out_dir/final -> the last checkpoint
-                link = os.path.join(cfg.out_dir, "final")
-                if os.path.islink(link):
-                    os.remove(link)
-                os.symlink(os.path.basename(path), link)
-                print(f"final checkpoint: {path} (also {link})")
+            save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=step + 1 == cfg.steps)
     dist.destroy_process_group()
 
 
@@ -668,17 +661,19 @@ def step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t, step_time, stat
                       sum(lens), sum(s.finish_reason == "length" for s, _, _ in samples), len(groups),
                       len(drawn)])
     mx = all_reduce([max(lens, default=0)], dist.ReduceOp.MAX)[0]
-    # The batch at theta_old, over every response token: entropy, Cov(logp, A), mismatch.
-    sums_b = [0.0] * 6
+    # The batch at theta_old, over every response token (or the trained ones: full_batch_metrics):
+    # entropy, Cov(logp, A), mismatch; null when there are none.
+    sums_b, seqs = [0.0] * 6, [s for s in seqs if "old_logp" in s]
     if seqs:
         cat = lambda key: torch.cat([s[key].detach().cpu().double() for s in seqs])  # noqa: E731
         lp, adv = cat("old_logp"), torch.cat([torch.full((len(s["resp"]),), s["adv"]) for s in seqs])
         sums_b = [float(x) for x in (cat("old_entropy").sum(), (lp * adv).sum(), lp.sum(), adv.sum(),
                                      (cat("rollout_logp") - lp).abs().sum(), len(lp))]
     tok = all_reduce(sums_b)
-    n_tok = max(tok[5], 1)
-    batch = {"entropy": tok[0] / n_tok, "mismatch": tok[4] / n_tok,
-             "cov_logp_adv": tok[1] / n_tok - (tok[2] / n_tok) * (tok[3] / n_tok)}
+    n_tok = tok[5] or math.nan
+    batch = {k: (None if math.isnan(v) else v) for k, v in {
+        "entropy": tok[0] / n_tok, "mismatch": tok[4] / n_tok,
+        "cov_logp_adv": tok[1] / n_tok - (tok[2] / n_tok) * (tok[3] / n_tok)}.items()}
     # Update metrics (over the trained tokens): add over ranks (min/max for the ratio extremes),
     # then average over mini-batches. A rank that trained on nothing has no keys: gather them.
     key_sets = [None] * dist.get_world_size()

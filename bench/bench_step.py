@@ -10,6 +10,15 @@ log-probs, update, weight sync. Prompts are the demo task's (arithmetic word pro
 demo.DEMO_TEMPLATE, ~75 characters, one token each); bench/bench_trl_step.py builds the very same
 ones for TRL. It runs train.main itself and reads the per-phase times train.py logs to
 metrics.jsonl.
+
+A random model earns reward 0 from the real grader on every sample, so every advantage is 0 and
+train.py skips the update (exactly: such a batch has no gradient). `--reward toy` (1.0 when the
+response contains a '7') gives groups reward spread, so the update runs as in a real step; TRL's
+GRPOTrainer runs its backward pass in both cases. Report both.
+
+Two options change the setting and are reported as such: `--set dtype=bfloat16` samples in bf16
+(the trainer stays fp32, as on GPUs; this CPU has AVX512-BF16) and `--set full_batch_metrics=false`
+skips the no-grad forward that only measures entropy on the A = 0 samples.
 """
 import argparse
 import json
@@ -34,6 +43,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--set", action="append", default=[], help="extra train.py overrides")
+    ap.add_argument("--reward", choices=("math", "toy"), default="math",
+                    help="math: reward.py (all 0 on a random model); toy: '7' in the response")
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="bench_step_")
     model = make_tiny_model(os.path.join(work, "model"), hidden=512, intermediate=1408, layers=6,
@@ -53,7 +64,10 @@ def main():
     with open(cfg_path, "w") as f:
         yaml.safe_dump(cfg, f)
 
+    import reward
     import train
+    if args.reward == "toy":
+        reward.math_reward = lambda response, gold, **kw: float("7" in response)
     train.main(["--config", cfg_path, *sum((["--set", s] for s in args.set), [])])
 
     with open(os.path.join(cfg["out_dir"], "metrics.jsonl")) as f:
@@ -66,6 +80,8 @@ def main():
     for p in PHASES:
         print(f"{p:<14}{med('time/' + p):>10.3f}{med('time/' + p) / step:>8.1%}")
     print(f"{'step':<14}{step:>10.3f}")
+    print(f"reward {args.reward}: {med('reward'):.3f} mean; "
+          f"{statistics.mean(r['optimizer_steps'] for r in recs):.1f} optimizer steps per RL step")
     print(f"generated tokens/s (rollout phase): {med('tokens_per_s'):.0f}; "
           f"mean response length {med('response_len'):.1f} tokens; "
           f"TRL GRPOTrainer reference 11.3 s/step -> {11.3 / step:.2f}x")
