@@ -38,7 +38,6 @@ import os
 import time
 from fractions import Fraction
 
-import torch
 import torch.distributed as dist
 import yaml
 from tqdm import tqdm
@@ -306,16 +305,6 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
     return records
 
 
-def setup_distributed():
-    """(rank, world): join torchrun's group when launched by it (gloo on CPU, nccl on GPU)."""
-    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
-        return 0, 1
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
 def gather(records, world):
     """Rank 0 gets every rank's records in problem order; other ranks get None."""
     if world == 1:
@@ -342,7 +331,10 @@ def main(argv=None):
     """Run the evaluation; rank 0 writes the outputs and returns the results dict."""
     t_start = time.time()
     args = parse_args(argv)
-    rank, world = setup_distributed()
+    # Under torchrun: the trainer's group setup (gloo for CPU tensors, nccl for CUDA ones). Alone:
+    # no group, and vLLM makes its own (so eval.main can run twice in one process).
+    rank, world = (rollout.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
+                   else (0, 1))
     if rank == 0:  # an unwritable --out fails now, not after the evaluation
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     from transformers import AutoTokenizer

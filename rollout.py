@@ -112,6 +112,41 @@ def load_problems(path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------------------------
+
+def process_group_backend(cuda):
+    """The torch.distributed backend string: gloo for CPU tensors always, nccl for CUDA ones.
+
+    An nccl-only group fails the first collective on a CPU tensor ("No backend type associated
+    with device type cpu"), and train.py reduces its metrics on the CPU; vLLM's external launcher
+    also asks for both ('cpu:gloo,cuda:nccl').
+    """
+    return "cpu:gloo,cuda:nccl" if cuda else "cpu:gloo"
+
+
+def setup_distributed():
+    """Join torchrun's process group, or make a group of one on a free port. -> (rank, world, device)
+
+    Used by train.py and eval.py alike. Call it before make_engine: in a process without a
+    group, vLLM would make its own.
+    """
+    if "RANK" not in os.environ:  # plain `python train.py`: a group of one
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", port))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+# ---------------------------------------------------------------------------------------------
 # Sampling engines
 # ---------------------------------------------------------------------------------------------
 
@@ -288,14 +323,45 @@ def _tokenize_prompts(tokenizer, prompts, max_model_len):
 
 
 def _stop_ids(model_path, tokenizer):
-    """Every token id that ends a response: the tokenizer's EOS plus generation_config's."""
+    """Every token id that ends a response: the tokenizer's EOS, generation_config's, and the chat
+    template's end of turn.
+
+    The last matters for base models prompted with a chat template: Qwen2.5-Math ends turns with
+    <|im_end|> (151645) while its config and generation_config name only <|endoftext|> (151643)
+    as EOS, so without it a model that closes its turn samples on to the token cap.
+    """
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     path = os.path.join(model_path, "generation_config.json")
     if os.path.isfile(path):
         with open(path) as f:
             eos = json.load(f).get("eos_token_id")
         ids.update([eos] if isinstance(eos, int) else (eos or []))
+    end_of_turn = chat_end_of_turn_id(tokenizer)
+    if end_of_turn is not None:
+        ids.add(end_of_turn)
     return ids
+
+
+def chat_end_of_turn_id(tokenizer):
+    """The special token that closes an assistant turn in the tokenizer's chat template, or None.
+
+    Found by rendering a two-turn chat and taking the first special token after the assistant's
+    text (<|im_end|> for Qwen/ChatML, <|eot_id|> for Llama 3, <end_of_turn> for Gemma).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker = "ANSWER_ENDS_HERE"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "Q"},
+                                              {"role": "assistant", "content": marker}],
+                                             tokenize=False)
+    except Exception:  # a template that rejects this chat: no end-of-turn token known
+        return None
+    if marker not in text:
+        return None
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    tail = tokenizer(text[text.index(marker) + len(marker):], add_special_tokens=False).input_ids
+    return next((t for t in tail if t in special), None)
 
 
 def _hf_names(named_tensors, skip_lm_head):
@@ -360,6 +426,7 @@ class VLLMEngine:
         self.sleep_mode = llm_kwargs["enable_sleep_mode"]
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_ids = _stop_ids(model_path, self.tokenizer)
+        self.stop_list = sorted(self.stop_ids)
         self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                  "tie_word_embeddings", False))
 
@@ -375,6 +442,7 @@ class VLLMEngine:
         params = [SamplingParams(
             n=n, temperature=temperature, top_p=top_p, seed=_request_seed(seed, i),
             max_tokens=min(max_tokens, self.max_model_len - len(p)),
+            stop_token_ids=self.stop_list,  # vLLM alone stops at generation_config's EOS only
             # logprobs=0: the sampled token's only (processed: see logprobs_mode above); flat:
             # one list per sample, not a dict per token; texts are decoded below in one batch.
             logprobs=0, flat_logprobs=True, detokenize=False) for i, p in enumerate(ids)]
@@ -517,9 +585,14 @@ class HFEngine:
     """transformers' `generate` with left padding: same interface, no vLLM needed (slower)."""
 
     def __init__(self, model_path, dtype, device, max_model_len, seed, rank, threads, batch_size):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        # generate() fills every setting our GenerationConfig leaves unset from the checkpoint's
+        # generation_config.json (repetition_penalty, top_k, min_p, ...), so the sampled
+        # distribution would not be the one the trainer scores (instruct checkpoints ship such
+        # defaults). A blank one leaves only what _generate_batch sets.
+        self.model.generation_config = GenerationConfig()
         self.device, self.max_model_len, self.batch_size = device, max_model_len, batch_size
         self.seed, self.rank, self.threads, self.calls = seed, rank, threads, 0
         self.stop_ids = _stop_ids(model_path, self.tokenizer)
@@ -564,6 +637,7 @@ class HFEngine:
         config = GenerationConfig(
             do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
             top_p=top_p, top_k=0,  # top_k=0: transformers would otherwise default to 50
+            repetition_penalty=1.0, min_p=None, typical_p=1.0,
             max_new_tokens=max(limits), eos_token_id=sorted(self.stop_ids),
             pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True)
         out = self.model.generate(input_ids=input_ids.to(self.device),
