@@ -21,6 +21,7 @@ import shutil
 import socket
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,13 +72,14 @@ class Config:
     overlong_factor: float = 1.0         # penalty at max_new_tokens
     backend: str = "vllm"                # rollout engine: vllm | hf (transformers generate)
     dtype: str = "auto"                  # rollout dtype; auto: bfloat16 on GPU, float32 on CPU
+    train_dtype: str = "auto"            # trainer compute dtype (fp32 master weights); auto as dtype
     gpu_memory_utilization: float = 0.4  # GPU share of the vLLM engine (weights + KV cache)
     activation_checkpointing: bool = False  # recompute layer activations in the backward pass
     eval_every: int = 0                  # held-out evaluation period in steps (0: start, end)
     eval_n: int = 1                      # samples per held-out problem
     eval_max_problems: int = 0           # first N held-out problems (0: all)
     save_every: int = 0                  # checkpoint period in steps (0: only at the end)
-    keep_last: int = 2                   # checkpoints kept in out_dir
+    keep_last: int = 2                   # newest checkpoints kept in out_dir (0: keep all)
     log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
     full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
     max_bad_steps: int = 5               # non-finite updates in a row before the run stops
@@ -92,8 +94,45 @@ class Config:
         for name in ("model", "train_data"):
             if not getattr(self, name):
                 raise ValueError(f"config: `{name}` is required")
+        for name, allowed in (("train_dtype", ("auto", "float32", "bfloat16")),
+                              ("dtype", ("auto", "float32", "bfloat16", "float16"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
+        if self.keep_last < 0:
+            raise ValueError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
         if self.lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+
+
+def typed(name, value, kind):
+    """`value` as type `kind` (a field's annotation), or a ValueError naming the key.
+
+    YAML reads 3e-6 (no dot) as a string, so number-like strings are accepted for numbers.
+    """
+    if isinstance(kind, types.UnionType):  # `X | None`: None, or an X
+        if value is None:
+            return None
+        kind = next(t for t in kind.__args__ if t is not type(None))
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"config key {name!r} must be true or false, got {value!r}")
+    if kind in (int, float):
+        try:
+            number = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not math.isfinite(number) or (kind is int and number != int(number)):
+            raise ValueError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
+                             f", got {value!r}")
+        return kind(number)
+    if kind is tuple:  # AdamW betas
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"config key {name!r} must be a list of numbers, got {value!r}")
+        return tuple(typed(f"{name}[{i}]", v, float) for i, v in enumerate(value))
+    if not isinstance(value, kind):
+        raise ValueError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
+    return value
 
 
 def load_config(path, overrides=()):
@@ -114,70 +153,58 @@ def load_config(path, overrides=()):
             target = target.setdefault(p, {})
         target[leaf] = yaml.safe_load(value)
     valid = {f.name: f for f in dataclasses.fields(Config)}
-    loss_valid = {f.name for f in dataclasses.fields(tepo.LossConfig)} - {"method"}
-    for what, keys, ok in (("config", raw, valid), ("loss", raw.get("loss") or {}, loss_valid)):
+    loss_valid = {f.name: f for f in dataclasses.fields(tepo.LossConfig) if f.name != "method"}
+    loss = raw.get("loss") or {}
+    if not isinstance(loss, dict):
+        raise ValueError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
+    for what, keys, ok in (("config", raw, valid), ("loss", loss, loss_valid)):
         if set(keys) - set(ok):
             raise ValueError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
-    for key, value in raw.items():  # catch `lr: abc` early, with the key's name
-        default = valid[key].default
-        if isinstance(default, (int, float)) and not isinstance(default, bool):
-            try:  # YAML reads 3e-6 (no dot) as a string: accept any number-like string
-                number = float(value) if not isinstance(value, bool) else None
-            except (TypeError, ValueError):
-                number = None
-            if number is None or (isinstance(default, int) and number != int(number)):
-                kind = "an integer" if isinstance(default, int) else "a number"
-                raise ValueError(f"config key {key!r} must be {kind}, got {value!r}")
-            raw[key] = type(default)(number)
-    if "betas" in raw:
-        raw["betas"] = tuple(raw["betas"])
+    raw = {k: typed(k, v, valid[k].type) for k, v in raw.items() if k != "loss"}
+    raw["loss"] = {k: typed(f"loss.{k}", v, loss_valid[k].type) for k, v in loss.items()}
     return Config(**raw)
 
 
 # ----------------------------------------------------------------------------- distributed model
 
 
-def setup_distributed():
-    """Join the torchrun group (or a group of one): nccl on GPU, gloo on CPU. -> rank, world, device."""
-    if "RANK" not in os.environ:  # plain `python train.py`: a group of one, on a free port
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = str(s.getsockname()[1])
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", port))
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size(), device
+def load_model(path):
+    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built.
+
+    The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
+    Built modules copy their dropout rate from the config at construction (Qwen2's attention
+    reads `attention_dropout` once), so zeroing the config afterwards would change nothing.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path)
+    for c in {id(c): c for c in (config, config.get_text_config())}.values():
+        for key, value in vars(c).items():
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+                setattr(c, key, 0.0)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
+    for m in model.modules():  # and any nn.Dropout the config does not name
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
 
 
 def load_policy(path, cfg, device, trainable=True):
-    """An HF causal LM, sharded with FSDP2: each decoder layer, then the root.
+    """`load_model`, sharded with FSDP2: each decoder layer, then the root.
 
-    Master weights stay fp32; on GPU the forward/backward run in bf16 with fp32 gradient
-    reduction. Dropout is switched off: the policy ratio compares two forward passes, which
-    must agree exactly at theta = theta_old.
+    Master weights and gradient reduction stay fp32; the forward/backward run in `cfg.train_dtype`
+    (auto: bf16 on GPU, fp32 on CPU).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    if hasattr(model.config, "attention_dropout"):
-        model.config.attention_dropout = 0.0
+    model = load_model(path)
     if cfg.activation_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    compute = {"auto": "bfloat16" if device.type == "cuda" else "float32"}.get(cfg.train_dtype,
+                                                                                cfg.train_dtype)
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if device.type == "cuda" else MixedPrecisionPolicy())
+          if compute == "bfloat16" else MixedPrecisionPolicy())
     model.to(device)
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
@@ -210,20 +237,41 @@ def all_reduce(values, op=dist.ReduceOp.SUM, device="cpu"):
 # ----------------------------------------------------------------------------- data
 
 
-def load_train_rows(cfg, tokenizer, rank):
-    """Training rows whose prompt fits max_prompt_len, each with its prompt text."""
-    rows = rollout.load_problems(cfg.train_data)
+def load_rows(path, cfg, tokenizer, rank):
+    """The rows of a JSONL data file whose prompt fits max_prompt_len, each with its prompt text.
+
+    Longer prompts are dropped (and counted on the console): the engine's context is
+    max_prompt_len + max_new_tokens, so they could not be sampled. Held-out accuracy is then over
+    the rows kept. -> (rows, number dropped)
+    """
+    rows = rollout.load_problems(path)
     kept = []
     for row in rows:
         row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
         if len(tokenizer(row["prompt"]).input_ids) <= cfg.max_prompt_len:
             kept.append(row)
     if not kept:
-        raise ValueError(f"{cfg.train_data}: no prompt fits max_prompt_len={cfg.max_prompt_len}")
+        raise ValueError(f"{path}: no prompt fits max_prompt_len={cfg.max_prompt_len}")
     if rank == 0 and len(kept) < len(rows):
-        print(f"dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
+        print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
               f"max_prompt_len={cfg.max_prompt_len}")
-    return kept
+    return kept, len(rows) - len(kept)
+
+
+def resolve_model(name):
+    """A local directory for `model`: itself if it is one, else the hub's snapshot of it (downloaded
+    once into the Hugging Face cache; ranks that start together share the download's locks)."""
+    if os.path.isdir(name):
+        return name
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise FileNotFoundError(f"model directory not found: {name}")
+    from huggingface_hub import snapshot_download
+    try:
+        return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                       "*.model", "*.tiktoken", "*.jinja"])
+    except Exception as e:
+        raise FileNotFoundError(f"model {name!r} is not a local directory, and the hub did not "
+                                f"give it ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
 def take_prompts(rows, pos, count, seed):
@@ -346,12 +394,14 @@ def dummy_forward(model, backward, share_prompt):
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False):
+def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, prune=True):
     """Write out_dir/step_XXXXXX: an HF model directory plus the training state, atomically.
 
-    Everything goes to a `.tmp` directory that is renamed once complete, so a crash mid-save never
-    damages the last good checkpoint; then all but the newest `keep_last` are removed. `last`:
-    also point the out_dir/final link at it.
+    Everything goes to a `.tmp` directory that is renamed once complete (`publish`), so a crash
+    mid-save never damages the last good checkpoint; then, with `prune`, all but the newest
+    `keep_last` are removed (keep_last 0 keeps them all). `last`: also point the out_dir/final link at it.
+    Every rank writes its optimizer shard and RNG state into the directory: out_dir must be
+    shared by all nodes (`check_shared_dir`).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -379,10 +429,8 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False):
                 "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
     dist.barrier()
     if rank == 0:
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in sorted(list_checkpoints(cfg.out_dir))[:-cfg.keep_last]:
+        publish(tmp, final)
+        for old in list_checkpoints(cfg.out_dir)[:-cfg.keep_last] if prune and cfg.keep_last else []:
             shutil.rmtree(old, ignore_errors=True)
         if last:  # a new link renamed over the old one: `final` always points somewhere whole
             tmp_link = os.path.join(cfg.out_dir, f"final.{os.getpid()}.tmp")
@@ -393,13 +441,54 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False):
     return final
 
 
+def publish(tmp, final):
+    """Rename the complete checkpoint `tmp` to `final`. A `final` already there (the same step saved
+    again) is first renamed to `final.old` and removed only after the swap, so a kill at any moment
+    leaves one whole copy, which `list_checkpoints` finds."""
+    old = final + ".old"
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def list_checkpoints(out_dir):
-    names = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
-    return [os.path.join(out_dir, d) for d in names if d.startswith("step_") and not d.endswith(".tmp")]
+    """The complete checkpoints in out_dir, oldest first: step_XXXXXX directories, and a
+    step_XXXXXX.old whose re-save was cut off between publish's two renames."""
+    names = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
+    steps = {n for n in names if n.startswith("step_") and n[5:].isdigit()}
+    steps |= {n for n in names if n.endswith(".old") and n[:-4] not in names and n[5:-4].isdigit()}
+    return [os.path.join(out_dir, n) for n in sorted(steps)]
+
+
+def check_shared_dir(out_dir, rank, world):
+    """Fail early unless every rank sees out_dir as rank 0 does (a collective).
+
+    Checkpoints are written by every rank into one directory, so a multi-node run needs out_dir
+    on a filesystem all nodes mount; on node-local disks a save would fail or come out partial.
+    """
+    token = [f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}" if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    probe = os.path.join(out_dir, f".shared-check-{token[0]}")
+    if rank == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        open(probe, "w").close()
+    dist.barrier()
+    blind = [None] * world
+    dist.all_gather_object(blind, None if os.path.exists(probe) else f"{rank} ({socket.gethostname()})")
+    dist.barrier()
+    if rank == 0:
+        os.remove(probe)
+    blind = [b for b in blind if b]
+    if blind:
+        raise RuntimeError(f"out_dir {out_dir} is not shared: rank(s) {', '.join(blind)} cannot see "
+                           f"the file rank 0 wrote there. Multi-node runs need out_dir on a "
+                           f"filesystem that every node mounts (NFS, Lustre, ...).")
 
 
 def load_training_state(ckpt, model, optimizer, rank):
-    """Restore optimizer state, RNG states and the trainer's counters from a checkpoint."""
+    """Restore the optimizer state from a checkpoint. -> (trainer counters, this rank's RNG states)"""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -407,11 +496,15 @@ def load_training_state(ckpt, model, optimizer, rank):
     dcp.load({"optim": optim_sd}, checkpoint_id=os.path.join(ckpt, "optim"))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     rng = torch.load(os.path.join(ckpt, f"rng_rank{rank}.pt"), weights_only=False)
+    with open(os.path.join(ckpt, "trainer_state.json")) as f:
+        return json.load(f), rng
+
+
+def set_rng_states(rng):
+    """Put back the torch, Python and numpy RNG states a checkpoint saved."""
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
-    with open(os.path.join(ckpt, "trainer_state.json")) as f:
-        return json.load(f)
 
 
 def config_dict(cfg):
@@ -447,6 +540,16 @@ def lr_at(cfg, step):
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def informative_groups(groups):
+    """DAPO's dynamic-sampling filter: the groups whose answers are neither all right nor all wrong.
+
+    It looks at correctness, not at the shaped reward: an overlong penalty or a format reward
+    spreads the rewards of a group that is all right (or all wrong) without telling a good answer
+    from a bad one.
+    """
+    return [g for g in groups if 0 < sum(g[3]) < len(g[3])]
+
+
 def sample_seed(*parts):
     """A 32-bit sampling seed from (run seed, step, try, rank): a resumed run samples the same."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
@@ -471,34 +574,41 @@ def main(argv=None):
                     help="continue from the newest checkpoint in out_dir, or from CKPT")
     args = ap.parse_args(argv)
     cfg = load_config(args.config, args.set)
-    rank, world, device = setup_distributed()
+    rank, world, device = rollout.setup_distributed()
     if cfg.prompts_per_step % world:
         raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-    rows = load_train_rows(cfg, tokenizer, rank)
-    eval_rows = rollout.load_problems(cfg.eval_data)[:cfg.eval_max_problems or None] if cfg.eval_data else []
-    for row in eval_rows:
-        row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
+    model_dir = resolve_model(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
+    eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
+    eval_rows = eval_rows[:cfg.eval_max_problems or None]
+    check_shared_dir(cfg.out_dir, rank, world)
 
     ckpt = None
-    if args.resume:
+    if args.resume == "latest":
         found = list_checkpoints(cfg.out_dir)
-        ckpt = found[-1] if args.resume == "latest" and found else args.resume
-        if ckpt == "latest" or not os.path.isdir(ckpt):
-            raise FileNotFoundError(f"--resume: no checkpoint {ckpt!r} (out_dir={cfg.out_dir})")
-    start = ckpt or cfg.model
+        ckpt = found[-1] if found else None
+        if ckpt is None and rank == 0:
+            print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
+    elif args.resume:
+        ckpt = args.resume
+        if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
+            raise FileNotFoundError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
+    start = ckpt or model_dir
     torch.manual_seed(cfg.seed + rank)
     model = load_policy(start, cfg, device)
-    ref_model = load_policy(cfg.model, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
+    ref_model = load_policy(model_dir, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                   weight_decay=cfg.weight_decay)
     state = {"step": 0, "data_pos": 0, "bad_in_a_row": 0, "skipped": 0}
     if ckpt:
-        state = load_training_state(ckpt, model, optimizer, rank)
+        state, rng = load_training_state(ckpt, model, optimizer, rank)
     engine = rollout.make_engine(start, backend=cfg.backend, dtype=cfg.dtype, seed=cfg.seed + rank,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
+    if ckpt:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
+        set_rng_states(rng)
 
     metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
     if rank == 0:
@@ -516,7 +626,8 @@ def main(argv=None):
 
     if eval_rows and state["step"] == 0:
         log({"step": 0, "eval_accuracy": evaluate(engine, eval_rows, cfg, rank, world,
-                                                  sample_seed(cfg.seed, 0, 99, rank))})
+                                                  sample_seed(cfg.seed, 0, 99, rank)),
+             **({"eval_dropped_long_prompts": eval_dropped} if eval_dropped else {})})
     G, lcfg = cfg.group_size, cfg.loss_cfg
     share = not cfg.activation_checkpointing  # see response_logprobs
     bar = tqdm(range(state["step"], cfg.steps), disable=rank != 0, desc="RL", initial=state["step"],
@@ -546,7 +657,7 @@ def main(argv=None):
             t["reward"] += time.perf_counter() - t1
             if not cfg.dynamic_sampling:
                 break
-            groups = [g for g in groups if max(g[2]) > min(g[2])][:quota]
+            groups = informative_groups(groups)[:quota]
             if all_reduce([len(groups) < quota], dist.ReduceOp.MAX)[0] == 0:
                 break
         engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
@@ -581,7 +692,7 @@ def main(argv=None):
         t0 = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
-        sums, stats, updated = {}, [], False
+        sums, stats, updated, skipped_before = {}, [], False, state["skipped"]
         for k, mb_seqs in enumerate(minibatches):
             num_tokens, num_seqs, trained_tokens = counts[3 * k: 3 * k + 3]
             if trained_tokens == 0:
@@ -621,13 +732,6 @@ def main(argv=None):
             stats.append((loss_sum, grad_norm))
         optimizer.zero_grad(set_to_none=True)
         t["update"] = time.perf_counter() - t0
-        if state["bad_in_a_row"] > cfg.max_bad_steps:
-            state["step"] = step
-            path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank)
-            raise RuntimeError(f"{state['bad_in_a_row']} optimizer steps in a row had a non-finite "
-                               f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped. The "
-                               f"last good state is saved in {path}")
-
         # 5. Weight sync (only if the weights changed), metrics, samples, checkpoint.
         t0 = time.perf_counter()
         engine.wake()
@@ -641,15 +745,28 @@ def main(argv=None):
             record["eval_accuracy"] = evaluate(engine, eval_rows, cfg, rank, world,
                                                sample_seed(cfg.seed, step + 1, 99, rank))
         log(record)
+        # kl_old (0 at the first mini-batch, theta = theta_old) and the sampler/trainer mismatch on
+        # the bar: a dtype or kernel mismatch shows here in the first minute of a GPU run.
         bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
+                        kl_old=f"{record.get('kl_old') or 0:.1e}",
+                        mismatch=f"{record.get('mismatch') or 0:.1e}",
                         s_per_step=f"{record['time/step']:.1f}")
-        if rank == 0 and cfg.log_samples_every and step % cfg.log_samples_every == 0:
+        skipped = state["skipped"] > skipped_before  # a skipped update: its batch goes on record
+        if rank == 0 and ((cfg.log_samples_every and step % cfg.log_samples_every == 0) or skipped):
             with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
                 f.writelines(json.dumps({"step": step + 1, "prompt": row["prompt"], "answer": row["answer"],
                                          "response": s.text, "reward": r}) + "\n"
                              for row, samples, rewards, _ in drawn[:2] for s, r in zip(samples[:2], rewards))
-        if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
-            save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=step + 1 == cfg.steps)
+        # Too many non-finite updates in a row: save this step's state as it is (the bad updates
+        # were skipped, so the weights are finite) without pruning older checkpoints, and stop.
+        stop = state["bad_in_a_row"] > cfg.max_bad_steps
+        if stop or (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+            path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank,
+                                   last=step + 1 == cfg.steps and not stop, prune=not stop)
+        if stop:
+            raise RuntimeError(f"{state['bad_in_a_row']} optimizer steps in a row had a non-finite "
+                               f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped after "
+                               f"step {step + 1}, saved in {path} (older checkpoints kept)")
     dist.destroy_process_group()
 
 

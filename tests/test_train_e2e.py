@@ -51,18 +51,29 @@ def metrics(out_dir):
 
 
 def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
-    """4 steps in one go == 2 steps, then --resume for 2 more: same metrics, same weights."""
-    cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "whole", save_every=2)
-    run(cfg_a, nproc=2)
-    cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "resumed", save_every=2)
-    run(cfg_b, "--set", "steps=2", nproc=2)
+    """4 steps in one go == 2 steps, then --resume for 2 more: same metrics, same weights.
+
+    The reward draws from torch's, Python's and numpy's RNGs (--noisy-reward), so the metrics
+    agree only if a resume restores all three. A held-out prompt longer than max_prompt_len is
+    dropped and counted, not fatal."""
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("".join(json.dumps({"problem": p, "answer": "2"}) + "\n"
+                             for p in ["What is 1 + 1?", "What is 2 + 0?", "Long " * 40 + "1 + 1?"]))
+    noisy = ("--noisy-reward",)
+    cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "whole", save_every=2, eval_data=str(evals),
+                             eval_every=2)
+    run(cfg_a, nproc=2, patch=noisy)
+    cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "resumed", save_every=2, eval_data=str(evals),
+                             eval_every=2)
+    run(cfg_b, "--set", "steps=2", nproc=2, patch=noisy)
     assert sorted(os.listdir(out_b)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
                                          "step_000002"]
-    run(cfg_b, "--resume", nproc=2)
+    run(cfg_b, "--resume", nproc=2, patch=noisy)
 
     ma, mb = metrics(out_a), metrics(out_b)
-    assert [r["step"] for r in ma] == [1, 2, 3, 4] == [r["step"] for r in mb]
-    assert all(r["grad_norm"] > 0 for r in ma), "the toy reward should give every step a gradient"
+    assert ma[0] == {"step": 0, "eval_accuracy": ma[0]["eval_accuracy"], "eval_dropped_long_prompts": 1}
+    assert [r["step"] for r in ma] == [0, 1, 2, 3, 4] == [r["step"] for r in mb]
+    assert all(r["grad_norm"] > 0 for r in ma[1:]), "the toy reward should give every step a gradient"
     for ra, rb in zip(ma, mb):
         assert ra.keys() == rb.keys()
         for k in ra:
@@ -95,16 +106,27 @@ def test_microbatch_size_does_not_change_the_update(tmp_path, tiny_model_dir):
 
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tiny_model_dir):
+    """Step 1 updates; from step 2 on every loss is NaN: steps 2-4 are skipped and logged, then the
+    run stops, saving step 4's state as a resume would need it (weights of step 1, data position
+    after step 4) and keeping the older checkpoints even with keep_last 1."""
     cfg, out = setup_run(tmp_path, tiny_model_dir, "nan", steps=10, num_minibatches=1,
-                         backend="hf", max_bad_steps=2)
-    res = run(cfg, patch=("--toy-reward", "--nan-from", "1"), check=False)
+                         backend="hf", max_bad_steps=2, save_every=1, keep_last=1,
+                         log_samples_every=0)
+    res = run(cfg, patch=("--toy-reward", "--nan-from-step", "2"), check=False)
     assert res.returncode != 0
     assert "3 optimizer steps in a row had a non-finite loss or gradient" in res.stderr
     rows = metrics(out)
-    assert [r["skipped_updates"] for r in rows] == [1, 2]
-    # The last good state (here: the initial weights, no update ever succeeded) is saved.
-    w = load_file(os.path.join(out, "step_000002", "model.safetensors"))
-    w0 = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    assert [r["skipped_updates"] for r in rows] == [0, 1, 2, 3]
+    assert sorted(d for d in os.listdir(out) if d.startswith("step_")) == ["step_000003", "step_000004"]
+    state = json.load(open(os.path.join(out, "step_000004", "trainer_state.json")))
+    assert (state["step"], state["data_pos"], state["bad_in_a_row"]) == (4, 16, 3)
+    # log_samples_every 0 logs no samples, except the batches of skipped updates.
+    assert {json.loads(ln)["step"] for ln in open(os.path.join(out, "samples.jsonl"))} == {2, 3, 4}
+    # Skipped updates leave the weights as step 1 left them.
+    w = load_file(os.path.join(out, "step_000004", "model.safetensors"))
+    w0 = load_file(os.path.join(out, "step_000003", "model.safetensors"))
+    assert any(not torch.equal(w[k], v) for k, v in
+               load_file(os.path.join(tiny_model_dir, "model.safetensors")).items()), "step 1 did not update"
     changed = {k: (w[k].dtype, w0[k].dtype, (w[k].double() - w0[k].double()).abs().max().item())
                for k in w0 if not torch.equal(w[k], w0[k])}
     assert not changed, f"weights changed: {changed}\n{res.stderr[-3000:]}"

@@ -1,9 +1,11 @@
-"""Run train.main with a test's patches: `python tests/train_patched.py [--toy-reward] [--nan-from K] -- ARGS`.
+"""Run train.main with a test's patches: `python tests/train_patched.py [--toy-reward] [--noisy-reward] [--nan-from-step K] -- ARGS`.
 
 --toy-reward: reward 1.0 when the response contains the character '7'. A random-weight model earns
   it about a fifth of the time, so groups have reward spread and every update moves the weights,
   which the loop's tests need (the real grader gives a random model 0 everywhere).
---nan-from K: the loss is NaN from the K-th loss call on, to exercise the non-finite guard.
+--noisy-reward: the toy reward plus 1e-3 x a draw from each of torch's, Python's and numpy's global
+  RNGs, so that a resumed run equals an uninterrupted one only if it restores all three.
+--nan-from-step K: the loss is NaN from RL step K (1-based) on, to exercise the non-finite guard.
 Works under torchrun too.
 """
 import os
@@ -20,12 +22,23 @@ if __name__ == "__main__":
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else ([], argv)
     if "--toy-reward" in ours:
         reward.math_reward = lambda response, gold, **kw: float("7" in response)
-    if "--nan-from" in ours:
-        start, calls, real = int(ours[ours.index("--nan-from") + 1]), [0], tepo.policy_loss
+    if "--noisy-reward" in ours:
+        import random
+
+        import numpy as np
+        import torch
+        reward.math_reward = lambda response, gold, **kw: float("7" in response) + 1e-3 * (
+            torch.rand(()).item() + random.random() + np.random.rand())
+    if "--nan-from-step" in ours:
+        start, step, real_loss, real_lr = int(ours[ours.index("--nan-from-step") + 1]), [0], \
+            tepo.policy_loss, train.lr_at
+
+        def lr_at(cfg, s):  # called at the start of each RL step's update: note the step
+            step[0] = s + 1
+            return real_lr(cfg, s)
 
         def nan_loss(*a, **kw):
-            calls[0] += 1
-            loss, m = real(*a, **kw)
-            return (loss * float("nan") if calls[0] >= start else loss), m
-        tepo.policy_loss = nan_loss
+            loss, m = real_loss(*a, **kw)
+            return (loss * float("nan") if step[0] >= start else loss), m
+        train.lr_at, tepo.policy_loss = lr_at, nan_loss
     train.main(rest)
