@@ -135,14 +135,26 @@ def typed(name, value, kind):
     return value
 
 
+def read_yaml_config(path):
+    """A config file's keys, on top of those of the file its `base:` names (relative to it), if any;
+    `loss` is merged key by key."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
+    if "base" not in raw:
+        return raw
+    base = read_yaml_config(os.path.join(os.path.dirname(path), str(raw.pop("base"))))
+    loss = {**(base.get("loss") or {}), **(raw.get("loss") or {})}
+    return {**base, **raw, **({"loss": loss} if loss else {})}
+
+
 def load_config(path, overrides=()):
-    """YAML file + `key=value` overrides -> Config. Unknown keys are errors listing valid ones."""
-    raw = {}
-    if path:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"config file not found: {path}")
-        with open(path) as f:
-            raw = yaml.safe_load(f) or {}
+    """YAML file (and its `base:`) + `key=value` overrides -> Config. Unknown keys are errors
+    listing valid ones."""
+    raw = read_yaml_config(path) if path else {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:

@@ -1,8 +1,10 @@
-"""Run train.main with a test's patches: `python tests/train_patched.py [--toy-reward] [--noisy-reward] [--nan-from-step K] -- ARGS`.
+"""Run train.main with a test's patches: `python tests/train_patched.py [--toy-reward] [--parity-reward] [--noisy-reward] [--nan-from-step K] -- ARGS`.
 
 --toy-reward: reward 1.0 when the response contains the character '7'. A random-weight model earns
   it about a fifth of the time, so groups have reward spread and every update moves the weights,
   which the loop's tests need (the real grader gives a random model 0 everywhere).
+--parity-reward: 1.0 when the response has an even number of characters: spread for a model whose
+  responses are random tokens of a large vocabulary (where a '7' is rare).
 --noisy-reward: the toy reward plus 1e-3 x a draw from each of torch's, Python's and numpy's global
   RNGs, so that a resumed run equals an uninterrupted one only if it restores all three.
 --nan-from-step K: the loss is NaN from RL step K (1-based) on, to exercise the non-finite guard.
@@ -22,6 +24,8 @@ if __name__ == "__main__":
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else ([], argv)
     if "--toy-reward" in ours:
         reward.math_reward = lambda response, gold, **kw: float("7" in response)
+    if "--parity-reward" in ours:
+        reward.math_reward = lambda response, gold, **kw: float(len(response) % 2 == 0)
     if "--noisy-reward" in ours:
         import random
 
