@@ -1,4 +1,6 @@
-"""Run train.main with a test's patches: `python tests/train_patched.py [--toy-reward] [--parity-reward] [--noisy-reward] [--nan-from-step K] -- ARGS`.
+"""Run train.main with a test's patches: `python tests/train_patched.py [--toy-reward]
+[--parity-reward] [--noisy-reward] [--nan-from-step K] [--flat-reward-after N] [--dump-rollouts DIR]
+-- ARGS`.
 
 --toy-reward: reward 1.0 when the response contains the character '7'. A random-weight model earns
   it about a fifth of the time, so groups have reward spread and every update moves the weights,
@@ -8,14 +10,21 @@
 --noisy-reward: the toy reward plus 1e-3 x a draw from each of torch's, Python's and numpy's global
   RNGs, so that a resumed run equals an uninterrupted one only if it restores all three.
 --nan-from-step K: the loss is NaN from RL step K (1-based) on, to exercise the non-finite guard.
+--flat-reward-after N: after the first N reward calls of this process, every reward is 0.0 (so
+  every group from then on has equal rewards, A = 0).
+--dump-rollouts DIR: every engine.generate call appends one line to DIR/rank<RANK>.jsonl:
+  {"seed": ..., "groups": [[Sample as a dict, ...] per prompt]}, for a reference to recompute from.
 Works under torchrun too.
 """
+import dataclasses
+import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import reward  # noqa: E402
+import rollout  # noqa: E402
 import tepo  # noqa: E402
 import train  # noqa: E402
 
@@ -45,4 +54,28 @@ if __name__ == "__main__":
             loss, m = real_loss(*a, **kw)
             return (loss * float("nan") if step[0] >= start else loss), m
         train.lr_at, tepo.policy_loss = lr_at, nan_loss
+    if "--flat-reward-after" in ours:
+        limit, seen, before = int(ours[ours.index("--flat-reward-after") + 1]), [0], reward.math_reward
+
+        def flat_after(*a, **kw):
+            seen[0] += 1
+            return before(*a, **kw) if seen[0] <= limit else 0.0
+        reward.math_reward = flat_after
+    if "--dump-rollouts" in ours:
+        dump_dir, make = ours[ours.index("--dump-rollouts") + 1], rollout.make_engine
+
+        def dumping_engine(*a, **kw):
+            engine = make(*a, **kw)
+            generate = engine.generate
+
+            def dumping_generate(prompts, *ga, **gkw):
+                groups = generate(prompts, *ga, **gkw)
+                os.makedirs(dump_dir, exist_ok=True)
+                with open(os.path.join(dump_dir, f"rank{os.environ.get('RANK', '0')}.jsonl"), "a") as f:
+                    f.write(json.dumps({"seed": gkw.get("seed"), "groups": [
+                        [dataclasses.asdict(s) for s in g] for g in groups]}) + "\n")
+                return groups
+            engine.generate = dumping_generate
+            return engine
+        rollout.make_engine = dumping_engine
     train.main(rest)
