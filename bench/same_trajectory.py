@@ -1,0 +1,87 @@
+"""Does a change leave training unchanged? The demo's RL trajectory of this tree against a commit's.
+
+    python bench/same_trajectory.py --against d5f7c9d [--steps 6] [--work /tmp/same_traj]
+
+For restructurings, which must change no behaviour. It checks out COMMIT in a git worktree, makes
+the demo's data and model once (`demo.py prepare --steps 250`, with this tree's demo.py, so both
+sides start from the same files), then runs `configs/demo.yaml` on 2 ranks for --steps RL steps
+(prompts_per_step 16, eval_every 0, save_every 0) with each tree's train.py, and compares every
+numeric, non-timing metric of metrics.jsonl to a relative 1e-5. Prints the largest difference
+and exits 1 if a value differs (or a key is missing on one side).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOLATILE = ("time/", "tokens_per_s")  # wall clock: differs between any two runs
+
+
+def run(cmd, cwd):
+    print("$", " ".join(cmd), f"(in {cwd})", flush=True)
+    subprocess.run(cmd, cwd=cwd, check=True)
+
+
+def rl_run(tree, demo_dir, out_dir, steps):
+    overrides = [f"model={demo_dir}/model", f"train_data={demo_dir}/data/train.jsonl",
+                 f"eval_data={demo_dir}/data/test.jsonl", f"out_dir={out_dir}", f"steps={steps}",
+                 "prompts_per_step=16", "eval_every=0", "save_every=0"]
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "train.py", "--config", "configs/demo.yaml", *[a for o in overrides for a in ("--set", o)]],
+        cwd=tree)
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def compare(old, new, rel=1e-5):
+    """[(step, key, old value, new value)] of every difference beyond `rel`; and the largest."""
+    diffs, worst = [], 0.0
+    if len(old) != len(new):
+        diffs.append(("-", "number of records", len(old), len(new)))
+    for a, b in zip(old, new):
+        keys = {k for k in a.keys() | b.keys() if not k.startswith(VOLATILE)}
+        for k in sorted(keys):
+            x, y = a.get(k, "missing"), b.get(k, "missing")
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+                d = abs(x - y) / max(abs(x), abs(y), 1e-12)
+                if math.isfinite(d):
+                    worst = max(worst, d)
+                if not d <= rel and not (x == y):
+                    diffs.append((a.get("step"), k, x, y))
+            elif x != y:
+                diffs.append((a.get("step"), k, x, y))
+    return diffs, worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--against", required=True, help="the commit to compare with")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--work", default="/tmp/same_trajectory", help="scratch directory")
+    args = ap.parse_args()
+    work = os.path.abspath(args.work)
+    os.makedirs(work, exist_ok=True)
+    old_tree = os.path.join(work, "old_tree")
+    if not os.path.isdir(old_tree):
+        run(["git", "worktree", "add", "--detach", old_tree, args.against], cwd=ROOT)
+    else:
+        run(["git", "checkout", "--detach", args.against], cwd=old_tree)
+    demo_dir = os.path.join(work, "demo")
+    if not os.path.isdir(os.path.join(demo_dir, "model")):
+        run([sys.executable, "demo.py", "prepare", "--out", demo_dir, "--steps", "250"], cwd=ROOT)
+    old = rl_run(old_tree, demo_dir, os.path.join(work, "rl_old"), args.steps)
+    new = rl_run(ROOT, demo_dir, os.path.join(work, "rl_new"), args.steps)
+    diffs, worst = compare(old, new)
+    n = sum(1 for r in new for k in r if not k.startswith(VOLATILE))
+    print(f"{len(new)} records, {n} values compared against {args.against}; "
+          f"largest relative difference {worst:.2e}")
+    for d in diffs[:40]:
+        print("DIFFERS: step {}, {}: {} vs {}".format(*d))
+    sys.exit(1 if diffs else 0)
+
+
+if __name__ == "__main__":
+    main()
