@@ -1,28 +1,24 @@
 """RL for math reasoning with TEPO and its baselines: one FSDP2 training loop, top to bottom.
 
-    torchrun --nproc_per_node N train.py --config configs/tepo.yaml [--set key=value ...] [--resume]
+    torchrun --nproc_per_node N train.py --config configs/demo.yaml [--set key=value ...] [--resume]
 
 Every rank holds a shard of the policy (FSDP2) and its own rollout engine (rollout.py), and samples
-its own share of the prompts. One RL step, as `main` reads:
-  1. sample    P prompts (P / N per rank), G responses each, with the rollout engine
-  2. grade     with reward.py; DAPO's overlong shaping and dynamic sampling when configured
-  3. prepare   group advantages; old log-probs and entropy (no grad); reference log-probs if needed
-  4. update    `num_minibatches` optimizer steps, each accumulated over micro-batches that fit a
-               token budget, the loss normalised by token/sequence counts all-reduced over ranks
-  5. sync      full weights from FSDP2 into the engine; log metrics.jsonl; checkpoint
+its own share of the prompts. One RL step is five calls in `main`:
+  1. sample_and_grade  P prompts (P / N per rank), G responses each; graded by reward.py, with
+                       DAPO's overlong shaping and dynamic sampling where configured
+  2. make_sequences    group advantages; one Sequence per response; `num_minibatches` mini-batches
+  3. old_logprobs      log-probs and entropy of the policy that sampled (no grad); reference's
+  4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that fit
+                       a token budget, the loss normalised by counts summed over all ranks
+  5. sync_and_log      full weights from FSDP2 into the engine; metrics.jsonl; samples; checkpoint
+Settings are config.py's `Config`; checkpoints are checkpoint.py's.
 """
 import argparse
-import dataclasses
 import json
 import math
 import os
-import random
-import shutil
-import socket
-import sys
 import time
-import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,151 +29,383 @@ from tqdm import tqdm
 import reward
 import rollout
 import tepo
+from checkpoint import (TrainState, check_shared_dir, full_weights, list_checkpoints,
+                        load_training_state, save_checkpoint, set_rng_states)
+from config import Config, config_dict, load_config  # noqa: F401  (train.Config: for users too)
 
-# ----------------------------------------------------------------------------- config
+# ----------------------------------------------------------------------------- the records of a step
 
 
 @dataclass
-class Config:
-    """Every setting of a run; the README documents each. YAML keys map onto these fields."""
-    model: str = ""                      # HF model directory or hub id: the initial policy (required)
-    train_data: str = ""                 # JSONL with "problem" and "answer" per line (required)
-    eval_data: str = ""                  # held-out JSONL: accuracy at start, every eval_every, end
-    prompt_template: str | None = None   # "...{problem}..."; null: the chat template, else plain
-    out_dir: str = "runs/run"            # metrics, samples and checkpoints go here
-    seed: int = 0                        # data order, sampling seeds, initial RNG states
-    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo: the loss preset
-    loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig fields, e.g. clip_high
-    steps: int = 100                     # RL steps (one batch of P x G samples each)
-    prompts_per_step: int = 16           # P over all ranks (divisible by the number of ranks)
-    group_size: int = 8                  # G responses per prompt
-    max_prompt_len: int = 512            # tokens; longer training prompts are dropped at load
-    max_new_tokens: int = 1024           # response length cap (also Dr.GRPO's L_max)
-    temperature: float = 1.0             # sampling temperature, also used for the trainer's log-probs
-    top_p: float = 1.0                   # nucleus sampling (1.0 keeps sampler and trainer exact)
-    num_minibatches: int = 4             # optimizer steps per RL step
-    micro_batch_tokens: int = 16384      # padded tokens per forward/backward on one rank
-    lr: float = 1e-6                     # AdamW peak learning rate
-    lr_schedule: str = "constant"        # constant | cosine, after the warm-up
-    warmup_steps: int = 0                # RL steps of linear warm-up
-    min_lr_ratio: float = 0.0            # cosine floor, as a fraction of lr
-    weight_decay: float = 0.0            # AdamW weight decay
-    betas: tuple = (0.9, 0.999)          # AdamW betas
-    grad_clip: float = 1.0               # max global gradient norm
-    format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py)
-    no_answer_penalty: float = 0.0       # minus this for a response with no final answer
-    dynamic_sampling: bool | None = None  # DAPO: drop groups with equal rewards; null: on for dapo
-    max_sampling_tries: int = 3          # dynamic sampling: batches drawn per step at most
-    overlong_buffer: int | None = None   # DAPO overlong shaping; null: max_new_tokens//4 for dapo
-    overlong_factor: float = 1.0         # penalty at max_new_tokens
-    backend: str = "vllm"                # rollout engine: vllm | hf (transformers generate)
-    dtype: str = "auto"                  # rollout dtype; auto: bfloat16 on GPU, float32 on CPU
-    train_dtype: str = "auto"            # trainer compute dtype (fp32 master weights); auto as dtype
-    gpu_memory_utilization: float = 0.4  # GPU share of the vLLM engine (weights + KV cache)
-    activation_checkpointing: bool = False  # recompute layer activations in the backward pass
-    eval_every: int = 0                  # held-out evaluation period in steps (0: start, end)
-    eval_n: int = 1                      # samples per held-out problem
-    eval_max_problems: int = 0           # first N held-out problems (0: all)
-    save_every: int = 0                  # checkpoint period in steps (0: only at the end)
-    keep_last: int = 2                   # newest checkpoints kept in out_dir (0: keep all)
-    log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
-    full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
-    max_bad_steps: int = 5               # non-finite updates in a row before the run stops
-
-    def __post_init__(self):
-        self.loss_cfg = tepo.LossConfig.preset(self.method, **{
-            "max_response_len": self.max_new_tokens, **self.loss})
-        if self.dynamic_sampling is None:
-            self.dynamic_sampling = self.method == "dapo"
-        if self.overlong_buffer is None:
-            self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
-        for name in ("model", "train_data"):
-            if not getattr(self, name):
-                raise ValueError(f"config: `{name}` is required")
-        for name, allowed in (("train_dtype", ("auto", "float32", "bfloat16")),
-                              ("dtype", ("auto", "float32", "bfloat16", "float16"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
-        if self.keep_last < 0:
-            raise ValueError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+class Group:
+    """One prompt of this rank and its G graded responses."""
+    row: dict                # the data row: problem, answer, prompt (text)
+    samples: list            # G rollout.Sample: token ids, sampler log-probs, text
+    rewards: list            # G shaped rewards (float)
+    correct: list            # G correctness flags (bool): what DAPO's filter and accuracy read
 
 
-def typed(name, value, kind):
-    """`value` as type `kind` (a field's annotation), or a ValueError naming the key.
+@dataclass
+class Sequence:
+    """One response as the update sees it. Per-token tensors are (R,), R = len(resp); the old and
+    reference values are filled in by exactly one pass each (old_logprobs, or the first
+    mini-batch's own forward: keep_as_old)."""
+    gid: int                 # its group (prompt) in this rank's batch
+    prompt: list             # prompt token ids
+    resp: list               # response token ids (R,)
+    adv: float               # A_i, broadcast over its tokens
+    train: bool              # carries a gradient: A != 0, or a KL-to-reference term reads it
+    rollout_logp: torch.Tensor               # (R,) the sampler's log-probs
+    old_logp: torch.Tensor | None = None     # (R,) pi_old's, no grad
+    old_entropy: torch.Tensor | None = None  # (R,) H_old
+    ref_logp: torch.Tensor | None = None     # (R,) pi_ref's, when a KL term needs them
 
-    YAML reads 3e-6 (no dot) as a string, so number-like strings are accepted for numbers.
+
+@dataclass
+class Run:
+    """What the phases of a step share; made once by `setup`."""
+    cfg: Config
+    rank: int
+    world: int
+    device: torch.device
+    tokenizer: object
+    model: torch.nn.Module               # the policy: this rank's FSDP2 shard
+    ref_model: torch.nn.Module | None    # pi_ref, only when a KL term reads it
+    optimizer: torch.optim.Optimizer
+    engine: object                       # rollout.make_engine's: generate, update_weights, ...
+    rows: list                           # training rows (dicts with "prompt")
+    eval_rows: list                      # held-out rows
+    eval_dropped: int                    # held-out rows dropped for a prompt over max_prompt_len
+    state: TrainState
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", help="YAML file of Config fields")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key (repeatable; loss.clip_high=0.0005 for loss keys)")
+    ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
+                    help="continue from the newest checkpoint in out_dir, or from CKPT")
+    args = ap.parse_args(argv)
+    run = setup(load_config(args.config, args.set), args.resume)
+    cfg, state = run.cfg, run.state
+    if run.eval_rows and state.step == 0:
+        dropped = {"eval_dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
+        log(run, {"step": 0, "eval_accuracy": evaluate(run, 0), **dropped})
+    bar = tqdm(range(state.step, cfg.steps), disable=run.rank != 0, desc="RL", initial=state.step,
+               total=cfg.steps)
+    for step in bar:
+        t, t_step = {}, time.perf_counter()
+        groups, drawn = sample_and_grade(run, step, t)               # 1
+        run.engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
+        t0 = time.perf_counter()
+        minibatches = make_sequences(groups, cfg)                    # 2
+        old_logprobs(run, minibatches)                               # 3
+        t["old_logprobs"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sums, stats, updated = update_policy(run, minibatches, step)  # 4
+        t["update"] = time.perf_counter() - t0
+        record = sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t,
+                              t_step)                                # 5
+        # kl_old (0 at the first mini-batch, theta = theta_old) and the sampler/trainer mismatch on
+        # the bar: a dtype or kernel mismatch shows here in the first minute of a GPU run.
+        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
+                        kl_old=f"{record.get('kl_old') or 0:.1e}",
+                        mismatch=f"{record.get('mismatch') or 0:.1e}",
+                        s_per_step=f"{record['time/step']:.1f}")
+    dist.destroy_process_group()
+
+
+def setup(cfg, resume):
+    """Join the process group; read the data; build policy, reference, optimizer and engine;
+    restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir. -> Run"""
+    rank, world, device = rollout.setup_distributed()
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
+    from transformers import AutoTokenizer
+    model_dir = resolve_model(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
+    eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
+    check_shared_dir(cfg.out_dir, rank, world)
+    ckpt = None
+    if resume == "latest":
+        found = list_checkpoints(cfg.out_dir)
+        ckpt = found[-1] if found else None
+        if ckpt is None and rank == 0:
+            print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
+    elif resume:
+        ckpt = resume
+        if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
+            raise FileNotFoundError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
+    start = ckpt or model_dir
+    torch.manual_seed(cfg.seed + rank)
+    model = load_policy(start, cfg, device)
+    ref_model = load_policy(model_dir, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                  weight_decay=cfg.weight_decay)
+    state = TrainState()
+    if ckpt:
+        state, rng = load_training_state(ckpt, model, optimizer, rank)
+    engine = rollout.make_engine(start, backend=cfg.backend, dtype=cfg.dtype, seed=cfg.seed + rank,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
+    if ckpt:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
+        set_rng_states(rng)
+    if rank == 0:
+        path = os.path.join(cfg.out_dir, "metrics.jsonl")
+        old = open(path).readlines() if ckpt and os.path.exists(path) else []
+        with open(path, "w") as f:  # a resumed run drops lines logged after its checkpoint
+            f.writelines(ln for ln in old if json.loads(ln)["step"] <= state.step)
+        with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump(config_dict(cfg), f)
+    return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine, rows,
+               eval_rows[:cfg.eval_max_problems or None], eval_dropped, state)
+
+
+# ----------------------------------------------------------------------------- one RL step
+
+
+def sample_and_grade(run, step, t):
+    """1. Sample G responses to each of this rank's P / N prompts, and grade them.
+
+    DAPO's dynamic sampling keeps only groups whose answers are neither all right nor all wrong,
+    and draws fresh prompts until every rank holds its quota (or max_sampling_tries run out).
+    Advances state.data_pos by P per draw; adds the seconds of sampling and grading to
+    t["rollout"] and t["reward"]. -> (groups to train on, every group drawn)
     """
-    if isinstance(kind, types.UnionType):  # `X | None`: None, or an X
-        if value is None:
-            return None
-        kind = next(t for t in kind.__args__ if t is not type(None))
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"config key {name!r} must be true or false, got {value!r}")
-    if kind in (int, float):
-        try:
-            number = float(value) if not isinstance(value, bool) else None
-        except (TypeError, ValueError):
-            number = None
-        if number is None or not math.isfinite(number) or (kind is int and number != int(number)):
-            raise ValueError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
-                             f", got {value!r}")
-        return kind(number)
-    if kind is tuple:  # AdamW betas
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"config key {name!r} must be a list of numbers, got {value!r}")
-        return tuple(typed(f"{name}[{i}]", v, float) for i, v in enumerate(value))
-    if not isinstance(value, kind):
-        raise ValueError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
-    return value
+    cfg, state = run.cfg, run.state
+    quota, groups, drawn = cfg.prompts_per_step // run.world, [], []
+    t["rollout"] = t["reward"] = 0.0
+    for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
+        prompts = take_prompts(run.rows, state.data_pos, cfg.prompts_per_step, cfg.seed)
+        prompts = prompts[run.rank::run.world]
+        state.data_pos += cfg.prompts_per_step
+        t0 = time.perf_counter()
+        outs = run.engine.generate([r["prompt"] for r in prompts], n=cfg.group_size,
+                                   max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                   top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, attempt, run.rank))
+        t1 = time.perf_counter()
+        new = []
+        for row, samples in zip(prompts, outs):
+            graded = [grade(cfg, s, row["answer"]) for s in samples]
+            new.append(Group(row, samples, [g[0] for g in graded], [g[1] for g in graded]))
+        groups, drawn = groups + new, drawn + new
+        t["rollout"] += t1 - t0
+        t["reward"] += time.perf_counter() - t1
+        if not cfg.dynamic_sampling:
+            break
+        groups = informative_groups(groups)[:quota]
+        if all_ranks({"short": len(groups) < quota}, "max")["short"] == 0:
+            break
+    return groups, drawn
 
 
-def read_yaml_config(path):
-    """A config file's keys, on top of those of the file its `base:` names (relative to it), if any;
-    `loss` is merged key by key."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file not found: {path}")
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
-    if "base" not in raw:
-        return raw
-    base = read_yaml_config(os.path.join(os.path.dirname(path), str(raw.pop("base"))))
-    loss = {**(base.get("loss") or {}), **(raw.get("loss") or {})}
-    return {**base, **raw, **({"loss": loss} if loss else {})}
+def make_sequences(groups, cfg):
+    """2. Group advantages, one Sequence per response, in `num_minibatches` mini-batches.
+
+    A sequence with A = 0 carries no gradient, so the update skips it (train=False), unless a
+    KL-to-reference term reads it. -> list of mini-batches, each a list of Sequence
+    """
+    seqs = []
+    for gid, g in enumerate(groups):
+        adv = tepo.group_advantages(torch.tensor(g.rewards), cfg.group_size, cfg.loss_cfg.adv_std_norm)
+        for s, a in zip(g.samples, adv.tolist()):
+            seqs.append(Sequence(gid, s.prompt_ids, s.response_ids, a,
+                                 train=a != 0 or cfg.loss_cfg.kl_coef > 0,
+                                 rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32)))
+    return [[seqs[i] for i in idx] for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
 
 
-def load_config(path, overrides=()):
-    """YAML file (and its `base:`) + `key=value` overrides -> Config. Unknown keys are errors
-    listing valid ones."""
-    raw = read_yaml_config(path) if path else {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
-        target = raw
-        *parents, leaf = key.strip().split(".")
-        for p in parents:
-            target = target.setdefault(p, {})
-        target[leaf] = yaml.safe_load(value)
-    valid = {f.name: f for f in dataclasses.fields(Config)}
-    loss_valid = {f.name: f for f in dataclasses.fields(tepo.LossConfig) if f.name != "method"}
-    loss = raw.get("loss") or {}
-    if not isinstance(loss, dict):
-        raise ValueError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
-    for what, keys, ok in (("config", raw, valid), ("loss", loss, loss_valid)):
-        if set(keys) - set(ok):
-            raise ValueError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
-    raw = {k: typed(k, v, valid[k].type) for k, v in raw.items() if k != "loss"}
-    raw["loss"] = {k: typed(f"loss.{k}", v, loss_valid[k].type) for k, v in loss.items()}
-    return Config(**raw)
+@torch.no_grad()
+def old_logprobs(run, minibatches):
+    """3. Fill old_logp and old_entropy (pi_old = the weights that sampled), and ref_logp where a
+    KL term reads pi_ref, with no grad.
+
+    Left out: the first mini-batch's trained sequences, whose old values the update takes from its
+    own first forward (`keep_as_old`). Sequences the update skips (A = 0) get them only for the
+    batch metrics, unless full_batch_metrics is off.
+    """
+    cfg = run.cfg
+    need_old = [s for k, mb in enumerate(minibatches) for s in mb
+                if (k > 0 and s.train) or (not s.train and cfg.full_batch_metrics)]
+    for mb, _, logp, ent in lockstep_forwards(run.model, need_old, cfg, run.device, True):
+        for b, s in enumerate(mb):
+            s.old_logp, s.old_entropy = logp[b, :len(s.resp)], ent[b, :len(s.resp)]
+    if run.ref_model is not None:
+        trained = [s for mb in minibatches for s in mb if s.train]
+        for mb, _, logp, _ in lockstep_forwards(run.ref_model, trained, cfg, run.device, False):
+            for b, s in enumerate(mb):
+                s.ref_logp = logp[b, :len(s.resp)]
 
 
-# ----------------------------------------------------------------------------- distributed model
+def update_policy(run, minibatches, step):
+    """4. One optimizer step per mini-batch: gradients accumulated over its micro-batches, each
+    micro-batch's loss normalised by the mini-batch's counts over all ranks (so they add up to the
+    mini-batch's loss), the global gradient norm clipped, and the step skipped (not taken) when the
+    loss or the gradient is not finite on some rank.
+    -> (metric sums over micro-batches, [(loss, grad norm, taken)] per optimizer step, any taken)
+    """
+    cfg, model, optimizer = run.cfg, run.model, run.optimizer
+    counts = global_counts(minibatches)
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(cfg, step)
+    sums, stats, updated = {}, [], False
+    for k, (mb_seqs, n) in enumerate(zip(minibatches, counts)):
+        if n["trained_tokens"] == 0:
+            continue  # no sequence of this mini-batch carries a gradient: no optimizer step
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        trained = [s for s in mb_seqs if s.train]
+        for mb, batch, logp, ent in lockstep_forwards(model, trained, cfg, run.device, True, grad=True):
+            if k == 0:
+                keep_as_old(mb, batch, logp, ent)
+            loss, m = tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"],
+                                       cfg.loss_cfg, num_tokens=n["tokens"], num_seqs=n["seqs"],
+                                       metric_tokens=n["trained_tokens"], entropy=ent,
+                                       old_entropy=batch["old_entropy"],
+                                       ref_logp=batch.get("ref_logp"),
+                                       rollout_logp=batch["rollout_logp"])
+            loss.backward()
+            loss_sum += loss.item()
+            add_metrics(sums, m)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        loss_finite = all_ranks({"finite": math.isfinite(loss_sum)}, "min")["finite"]
+        taken = math.isfinite(grad_norm) and bool(loss_finite)
+        if taken:
+            optimizer.step()
+            updated, run.state.bad_in_a_row = True, 0
+        else:  # a non-finite update is not taken: the weights stay as they are
+            run.state.skipped += 1
+            run.state.bad_in_a_row += 1
+        stats.append((loss_sum, grad_norm, taken))
+    optimizer.zero_grad(set_to_none=True)
+    return sums, stats, updated
+
+
+def sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t, t_step):
+    """5. Send the new weights to the engine (if any optimizer step was taken), log the step's
+    metrics (and the held-out accuracy when due), write sample responses, save a checkpoint when
+    due; stop the run after more than max_bad_steps non-finite updates in a row. -> the record"""
+    cfg, state = run.cfg, run.state
+    t0 = time.perf_counter()
+    run.engine.wake()
+    if updated:
+        run.engine.update_weights(full_weights(run.model))
+    t["sync"] = time.perf_counter() - t0
+    state.step = step + 1
+    record = step_metrics(run, step, drawn, groups, [s for mb in minibatches for s in mb], sums,
+                          stats, t, time.perf_counter() - t_step)
+    if run.eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
+        record["eval_accuracy"] = evaluate(run, step + 1)
+    log(run, record)
+    skipped = not all(taken for _, _, taken in stats)  # a skipped update: its batch goes on record
+    if run.rank == 0 and ((cfg.log_samples_every and step % cfg.log_samples_every == 0) or skipped):
+        with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
+            f.writelines(json.dumps({"step": step + 1, "prompt": g.row["prompt"], "answer": g.row["answer"],
+                                     "response": s.text, "reward": r}) + "\n"
+                         for g in drawn[:2] for s, r in zip(g.samples[:2], g.rewards))
+    # Too many non-finite updates in a row: save this step's state as it is (the bad updates
+    # were skipped, so the weights are finite) without pruning older checkpoints, and stop.
+    stop = state.bad_in_a_row > cfg.max_bad_steps
+    if stop or (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+        path = save_checkpoint(cfg, run.model, run.optimizer, run.tokenizer, state, run.rank,
+                               last=step + 1 == cfg.steps and not stop, prune=not stop)
+    if stop:
+        raise RuntimeError(f"{state.bad_in_a_row} optimizer steps in a row had a non-finite "
+                           f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped after "
+                           f"step {step + 1}, saved in {path} (older checkpoints kept)")
+    return record
+
+
+# ----------------------------------------------------------------------------- ranks in lock-step
+
+
+def all_ranks(values, op="sum"):
+    """Reduce a dict of named numbers over all ranks in one collective -> dict of floats.
+
+    A collective: every rank must call it, as often, with the same keys."""
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                           "min": dist.ReduceOp.MIN}[op])
+    return dict(zip(keys, t.tolist()))
+
+
+def global_counts(minibatches):
+    """Per mini-batch, its response tokens, sequences and trained tokens summed over all ranks:
+    the loss's denominators, so that it does not depend on how the batch is split. A collective."""
+    local = {}
+    for k, mb in enumerate(minibatches):
+        local.update({f"{k}/tokens": sum(len(s.resp) for s in mb), f"{k}/seqs": len(mb),
+                      f"{k}/trained_tokens": sum(len(s.resp) for s in mb if s.train)})
+    total = all_ranks(local)
+    return [{key: total[f"{k}/{key}"] for key in ("tokens", "seqs", "trained_tokens")}
+            for k in range(len(minibatches))]
+
+
+def lockstep_forwards(model, seqs, cfg, device, with_entropy, grad=False):
+    """Yield (micro-batch, collated batch, logp (b, R), entropy (b, R) or None) for `seqs`, in
+    micro-batches of one prompt's responses. A collective.
+
+    Why lock-step: every forward of an FSDP2 model all-gathers its weights with the other ranks,
+    and every backward reduce-scatters the gradients, so all ranks must make the same number of
+    calls whatever their share of the work. After its own micro-batches a rank makes one-token
+    dummy calls (contributing nothing) until it has made as many as the busiest rank. With `grad`,
+    the caller runs each yielded batch's backward before asking for the next.
+    """
+    mbs = micro_batches(seqs, cfg.micro_batch_tokens)
+    busiest = int(all_ranks({"n": len(mbs)}, "max")["n"])
+    for mb in mbs:
+        batch = collate(mb, device)
+        with torch.set_grad_enabled(grad):
+            logp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy,
+                                          cfg.share_prompt)
+        yield mb, batch, logp, ent
+    for _ in range(busiest - len(mbs)):
+        dummy_forward(model, grad, cfg.share_prompt)
+
+
+def dummy_forward(model, backward, share_prompt):
+    """The calls of a one-token micro-batch, contributing nothing: see `lockstep_forwards`."""
+    device = next(model.parameters()).device
+    tiny = {"prompt": torch.zeros(1, 1, dtype=torch.long, device=device),
+            "resp": torch.zeros(1, 1, dtype=torch.long, device=device)}
+    with torch.set_grad_enabled(backward):
+        logp, _ = response_logprobs(model, tiny, 1.0, False, share_prompt)
+    if backward:
+        logp.sum().mul(0.0).backward()
+
+
+def keep_as_old(mb, batch, logp, entropy):
+    """Take the first mini-batch's own forward as its old pass.
+
+    Before the step's first optimizer step theta = theta_old, so the log-probs this forward
+    computes (detached) are exactly pi_old's: old_logprobs leaves these sequences out, one forward
+    pass saved. logp, entropy: (b, R)."""
+    batch["old_logp"], batch["old_entropy"] = logp.detach(), entropy
+    for b, s in enumerate(mb):
+        s.old_logp, s.old_entropy = logp[b, :len(s.resp)].detach(), entropy[b, :len(s.resp)]
+
+
+# How each update metric combines over micro-batches and ranks; every other one adds up (they are
+# normalised by global counts), then is averaged over the step's optimizer steps.
+METRIC_REDUCE = {"ratio_min": "min", "ratio_max": "max"}
+
+
+def add_metrics(sums, metrics):
+    """Fold one micro-batch's metrics (0-d tensors) into `sums`, by METRIC_REDUCE's rule."""
+    for key, v in metrics.items():
+        op = METRIC_REDUCE.get(key, "sum")
+        sums[key] = (min if op == "min" else max)(sums.get(key, v), v) if op != "sum" \
+            else sums.get(key, 0.0) + v
+
+
+# ----------------------------------------------------------------------------- model
 
 
 def load_model(path):
@@ -231,19 +459,6 @@ def load_policy(path, cfg, device, trainable=True):
     if not trainable:
         model.requires_grad_(False)
     return model
-
-
-def full_weights(model):
-    """Yield (name, full tensor) over the FSDP2 state dict; a collective: every rank must iterate."""
-    for name, tensor in model.state_dict().items():
-        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def all_reduce(values, op=dist.ReduceOp.SUM, device="cpu"):
-    """Reduce a list of floats over ranks in one collective -> list of floats."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op)
-    return t.tolist()
 
 
 # ----------------------------------------------------------------------------- data
@@ -308,13 +523,13 @@ def micro_batches(seqs, budget):
     """
     groups = {}
     for s in seqs:
-        groups.setdefault(s["gid"], []).append(s)
+        groups.setdefault(s.gid, []).append(s)
     out = []
     for group in groups.values():
-        group = sorted(group, key=lambda s: len(s["resp"]), reverse=True)
+        group = sorted(group, key=lambda s: len(s.resp), reverse=True)
         cur = []
         for s in group:  # cur[0] is the longest: its length is the padded length
-            if cur and (len(cur) + 1) * (len(s["prompt"]) + len(cur[0]["resp"])) > budget:
+            if cur and (len(cur) + 1) * (len(s.prompt) + len(cur[0].resp)) > budget:
                 out.append(cur)
                 cur = []
             cur.append(s)
@@ -322,29 +537,22 @@ def micro_batches(seqs, budget):
     return out
 
 
-def padded(mbs):
-    """Micro-batches padded with None to the largest count over ranks: every forward/backward of
-    an FSDP model is a collective, so every rank must make as many (None: a dummy one)."""
-    n = int(all_reduce([len(mbs)], dist.ReduceOp.MAX)[0])
-    return mbs + [None] * (n - len(mbs))
-
-
 def collate(mb, device):
     """One prompt (1, p) and its responses right-padded to (b, R), with (b, R) response tensors:
     mask, and whichever per-token values the sequences carry (old/ref/rollout log-probs)."""
-    R = max(len(s["resp"]) for s in mb)
+    R = max(len(s.resp) for s in mb)
     resp = torch.zeros(len(mb), R, dtype=torch.long)
     mask = torch.zeros(len(mb), R)
     for b, s in enumerate(mb):
-        resp[b, :len(s["resp"])] = torch.tensor(s["resp"])
-        mask[b, :len(s["resp"])] = 1
-    out = {"prompt": torch.tensor([mb[0]["prompt"]]), "resp": resp, "mask": mask,
-           "adv": torch.tensor([s["adv"] for s in mb], dtype=torch.float32)}
+        resp[b, :len(s.resp)] = torch.tensor(s.resp)
+        mask[b, :len(s.resp)] = 1
+    out = {"prompt": torch.tensor([mb[0].prompt]), "resp": resp, "mask": mask,
+           "adv": torch.tensor([s.adv for s in mb], dtype=torch.float32)}
     for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp"):
-        if key in mb[0]:
+        if getattr(mb[0], key) is not None:
             out[key] = torch.zeros(len(mb), R)
             for b, s in enumerate(mb):
-                out[key][b, :len(s[key])] = s[key]
+                out[key][b, :len(s.resp)] = getattr(s, key)
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -369,7 +577,7 @@ def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True
     first = tepo.token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
                                         with_entropy)           # the first token, from the prompt
     # Always a second call, even for R = 1 (its last position is dropped): every FSDP forward is a
-    # collective, so each micro-batch must make the same calls on every rank (see `padded`).
+    # collective, so each micro-batch must make the same calls on every rank (see `lockstep_forwards`).
     logits = model(input_ids=resp, past_key_values=cache, use_cache=True).logits[:, :-1]
     rest = tepo.token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy)
     logp = torch.cat([first[0], rest[0]], dim=1)
@@ -377,169 +585,79 @@ def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True
 
 
 @torch.no_grad()
-def no_grad_logprobs(model, seqs, prefix, cfg, device, share_prompt):
-    """Set s[prefix + "_logp"] (R,) of every sequence under `model`, and s["old_entropy"] (R,)
-    for prefix "old": the old policy's (or the reference's) values the loss compares against."""
-    for mb in padded(micro_batches(seqs, cfg.micro_batch_tokens)):
-        if mb is None:
-            dummy_forward(model, False, share_prompt)
-            continue
-        logp, ent = response_logprobs(model, collate(mb, device), cfg.temperature,
-                                      prefix == "old", share_prompt)
-        for b, s in enumerate(mb):
-            s[prefix + "_logp"] = logp[b, :len(s["resp"])]
-            if ent is not None:
-                s["old_entropy"] = ent[b, :len(s["resp"])]
 
 
-def dummy_forward(model, backward, share_prompt):
-    """The calls of a one-token micro-batch, contributing nothing: see `padded`."""
-    device = next(model.parameters()).device
-    tiny = {"prompt": torch.zeros(1, 1, dtype=torch.long, device=device),
-            "resp": torch.zeros(1, 1, dtype=torch.long, device=device)}
-    with torch.set_grad_enabled(backward):
-        logp, _ = response_logprobs(model, tiny, 1.0, False, share_prompt)
-    if backward:
-        logp.sum().mul(0.0).backward()
+# ----------------------------------------------------------------------------- metrics, evaluation
 
 
-# ----------------------------------------------------------------------------- checkpoints
+def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
+    """One metrics.jsonl record: every diagnostic of the spec, reduced over ranks."""
+    cfg = run.cfg
+    samples = [(s, r, c) for g in drawn for s, r, c in zip(g.samples, g.rewards, g.correct)]
+    lens = [len(s.response_ids) for s, _, _ in samples]
+    tot = all_ranks({"reward": sum(r for _, r, _ in samples), "correct": sum(c for _, _, c in samples),
+                     "samples": len(samples), "tokens": sum(lens),
+                     "truncated": sum(s.finish_reason == "length" for s, _, _ in samples),
+                     "groups": len(groups), "drawn": len(drawn)})
+    longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
+    # The batch at theta_old, over every response token (or the trained ones: full_batch_metrics):
+    # entropy, Cov(logp, A), mismatch; null when there are none.
+    seqs = [s for s in seqs if s.old_logp is not None]
+    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "n"], 0.0)
+    if seqs:
+        cat = lambda key: torch.cat([getattr(s, key).detach().cpu().double() for s in seqs])  # noqa: E731
+        lp, adv = cat("old_logp"), torch.cat([torch.full((len(s.resp),), s.adv) for s in seqs])
+        local = {"entropy": cat("old_entropy").sum(), "logp_adv": (lp * adv).sum(), "logp": lp.sum(),
+                 "adv": adv.sum(), "mismatch": (cat("rollout_logp") - lp).abs().sum(), "n": len(lp)}
+    tok = all_ranks(local)
+    n_tok = tok["n"] or math.nan
+    batch = {k: (None if math.isnan(v) else v) for k, v in {
+        "entropy": tok["entropy"] / n_tok, "mismatch": tok["mismatch"] / n_tok,
+        "cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)}.items()}
+    # Update metrics (over the trained tokens), combined over ranks by METRIC_REDUCE's rule, then
+    # averaged over optimizer steps. A rank that trained on nothing has no keys: gather them.
+    key_sets = [None] * run.world
+    dist.all_gather_object(key_sets, sorted(k for k in sums if k not in batch and not k.startswith("cov/")))
+    keys = sorted(set().union(*key_sets))
+    fill = {"ratio_min": math.inf, "ratio_max": -math.inf}
+    vals = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}
+    summed, lo, hi = all_ranks(vals), all_ranks(vals, "min"), all_ranks(vals, "max")
+    rule = {"min": lo, "max": hi}
+    update = {k: rule[METRIC_REDUCE[k]][k] if k in METRIC_REDUCE else summed[k] / max(len(stats), 1)
+              for k in keys}
+    n = max(tot["samples"], 1)
+    record = {"step": step + 1, "reward": tot["reward"] / n, "accuracy": tot["correct"] / n,
+              "response_len": tot["tokens"] / n, "response_len_max": longest,
+              "truncated": tot["truncated"] / n, **batch, **update, "optimizer_steps": len(stats),
+              "grad_norm": sum(g for _, g, _ in stats) / max(len(stats), 1),
+              "lr": lr_at(cfg, step), "skipped_updates": run.state.skipped,
+              "time/step": step_time, **{f"time/{k}": v for k, v in t.items()},
+              "tokens_per_s": tot["tokens"] / max(t["rollout"], 1e-9)}
+    if cfg.dynamic_sampling:
+        record["groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
+    return record
 
 
-def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, prune=True):
-    """Write out_dir/step_XXXXXX: an HF model directory plus the training state, atomically.
-
-    Everything goes to a `.tmp` directory that is renamed once complete (`publish`), so a crash
-    mid-save never damages the last good checkpoint; then, with `prune`, all but the newest
-    `keep_last` are removed (keep_last 0 keeps them all). `last`: also point the out_dir/final link at it.
-    Every rank writes its optimizer shard and RNG state into the directory: out_dir must be
-    shared by all nodes (`check_shared_dir`).
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    final = os.path.join(cfg.out_dir, f"step_{state['step']:06d}")
-    tmp = final + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier()
-    weights = dict(full_weights(model))
-    if getattr(model.config, "tie_word_embeddings", False):
-        weights.pop("lm_head.weight", None)  # the same tensor as the embeddings: save it once
-    if rank == 0:
-        model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
-            yaml.safe_dump(config_dict(cfg), f)
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump(state, f)
-    del weights
-    _, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"optim": optim_sd}, checkpoint_id=os.path.join(tmp, "optim"))
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
-    dist.barrier()
-    if rank == 0:
-        publish(tmp, final)
-        for old in list_checkpoints(cfg.out_dir)[:-cfg.keep_last] if prune and cfg.keep_last else []:
-            shutil.rmtree(old, ignore_errors=True)
-        if last:  # a new link renamed over the old one: `final` always points somewhere whole
-            tmp_link = os.path.join(cfg.out_dir, f"final.{os.getpid()}.tmp")
-            os.symlink(os.path.basename(final), tmp_link)
-            os.replace(tmp_link, os.path.join(cfg.out_dir, "final"))
-            print(f"final checkpoint: {final} (also {os.path.join(cfg.out_dir, 'final')})")
-    dist.barrier()
-    return final
+def log(run, record):
+    """Append one record to out_dir/metrics.jsonl (rank 0)."""
+    if run.rank == 0:
+        with open(os.path.join(run.cfg.out_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
-def publish(tmp, final):
-    """Rename the complete checkpoint `tmp` to `final`. A `final` already there (the same step saved
-    again) is first renamed to `final.old` and removed only after the swap, so a kill at any moment
-    leaves one whole copy, which `list_checkpoints` finds."""
-    old = final + ".old"
-    if os.path.exists(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def list_checkpoints(out_dir):
-    """The complete checkpoints in out_dir, oldest first: step_XXXXXX directories, and a
-    step_XXXXXX.old whose re-save was cut off between publish's two renames."""
-    names = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
-    steps = {n for n in names if n.startswith("step_") and n[5:].isdigit()}
-    steps |= {n for n in names if n.endswith(".old") and n[:-4] not in names and n[5:-4].isdigit()}
-    return [os.path.join(out_dir, n) for n in sorted(steps)]
-
-
-def check_shared_dir(out_dir, rank, world):
-    """Fail early unless every rank sees out_dir as rank 0 does (a collective).
-
-    Checkpoints are written by every rank into one directory, so a multi-node run needs out_dir
-    on a filesystem all nodes mount; on node-local disks a save would fail or come out partial.
-    """
-    token = [f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}" if rank == 0 else None]
-    dist.broadcast_object_list(token, src=0)
-    probe = os.path.join(out_dir, f".shared-check-{token[0]}")
-    if rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        open(probe, "w").close()
-    dist.barrier()
-    blind = [None] * world
-    dist.all_gather_object(blind, None if os.path.exists(probe) else f"{rank} ({socket.gethostname()})")
-    dist.barrier()
-    if rank == 0:
-        os.remove(probe)
-    blind = [b for b in blind if b]
-    if blind:
-        raise RuntimeError(f"out_dir {out_dir} is not shared: rank(s) {', '.join(blind)} cannot see "
-                           f"the file rank 0 wrote there. Multi-node runs need out_dir on a "
-                           f"filesystem that every node mounts (NFS, Lustre, ...).")
-
-
-def load_training_state(ckpt, model, optimizer, rank):
-    """Restore the optimizer state from a checkpoint. -> (trainer counters, this rank's RNG states)"""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.load({"optim": optim_sd}, checkpoint_id=os.path.join(ckpt, "optim"))
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    rng = torch.load(os.path.join(ckpt, f"rng_rank{rank}.pt"), weights_only=False)
-    with open(os.path.join(ckpt, "trainer_state.json")) as f:
-        return json.load(f), rng
-
-
-def set_rng_states(rng):
-    """Put back the torch, Python and numpy RNG states a checkpoint saved."""
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-
-
-def config_dict(cfg):
-    return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
-            for f in dataclasses.fields(cfg)}
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-def evaluate(engine, rows, cfg, rank, world, seed):
+def evaluate(run, step):
     """Held-out accuracy: mean correctness of eval_n samples per problem, over all ranks."""
-    mine = rows[rank::world]
-    outs = engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
-                           max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                           top_p=cfg.top_p, seed=seed) if mine else []
+    cfg, mine = run.cfg, run.eval_rows[run.rank::run.world]
+    outs = run.engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
+                               max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                               top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
     correct = sum(reward.math_reward(s.text, r["answer"]) >= 1.0
                   for r, group in zip(mine, outs) for s in group)
-    total = all_reduce([correct, len(mine) * cfg.eval_n])
-    return total[0] / max(total[1], 1)
+    total = all_ranks({"correct": correct, "samples": len(mine) * cfg.eval_n})
+    return total["correct"] / max(total["samples"], 1)
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- schedules, seeds, rewards
 
 
 def lr_at(cfg, step):
@@ -559,7 +677,7 @@ def informative_groups(groups):
     spreads the rewards of a group that is all right (or all wrong) without telling a good answer
     from a bad one.
     """
-    return [g for g in groups if 0 < sum(g[3]) < len(g[3])]
+    return [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
 
 
 def sample_seed(*parts):
@@ -575,256 +693,6 @@ def grade(cfg, sample, answer):
     B, n = cfg.overlong_buffer, len(sample.response_ids)
     penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
     return r + penalty, r >= 1.0
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--config", help="YAML file of Config fields")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config key (repeatable; loss.clip_high=0.0005 for loss keys)")
-    ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
-                    help="continue from the newest checkpoint in out_dir, or from CKPT")
-    args = ap.parse_args(argv)
-    cfg = load_config(args.config, args.set)
-    rank, world, device = rollout.setup_distributed()
-    if cfg.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
-    from transformers import AutoTokenizer
-    model_dir = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
-    eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
-    eval_rows = eval_rows[:cfg.eval_max_problems or None]
-    check_shared_dir(cfg.out_dir, rank, world)
-
-    ckpt = None
-    if args.resume == "latest":
-        found = list_checkpoints(cfg.out_dir)
-        ckpt = found[-1] if found else None
-        if ckpt is None and rank == 0:
-            print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
-    elif args.resume:
-        ckpt = args.resume
-        if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
-            raise FileNotFoundError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
-    start = ckpt or model_dir
-    torch.manual_seed(cfg.seed + rank)
-    model = load_policy(start, cfg, device)
-    ref_model = load_policy(model_dir, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                  weight_decay=cfg.weight_decay)
-    state = {"step": 0, "data_pos": 0, "bad_in_a_row": 0, "skipped": 0}
-    if ckpt:
-        state, rng = load_training_state(ckpt, model, optimizer, rank)
-    engine = rollout.make_engine(start, backend=cfg.backend, dtype=cfg.dtype, seed=cfg.seed + rank,
-                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
-    if ckpt:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
-        set_rng_states(rng)
-
-    metrics_path = os.path.join(cfg.out_dir, "metrics.jsonl")
-    if rank == 0:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        old = open(metrics_path).readlines() if ckpt and os.path.exists(metrics_path) else []
-        with open(metrics_path, "w") as f:  # a resumed run drops lines logged after its checkpoint
-            f.writelines(ln for ln in old if json.loads(ln)["step"] <= state["step"])
-        with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(config_dict(cfg), f)
-
-    def log(record):
-        if rank == 0:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    if eval_rows and state["step"] == 0:
-        log({"step": 0, "eval_accuracy": evaluate(engine, eval_rows, cfg, rank, world,
-                                                  sample_seed(cfg.seed, 0, 99, rank)),
-             **({"eval_dropped_long_prompts": eval_dropped} if eval_dropped else {})})
-    G, lcfg = cfg.group_size, cfg.loss_cfg
-    share = not cfg.activation_checkpointing  # see response_logprobs
-    bar = tqdm(range(state["step"], cfg.steps), disable=rank != 0, desc="RL", initial=state["step"],
-               total=cfg.steps)
-    for step in bar:
-        t = dict.fromkeys(["rollout", "reward", "old_logprobs", "update", "sync"], 0.0)
-        t_step = time.perf_counter()
-
-        # 1-2. Sample and grade. Dynamic sampling keeps only groups with some reward spread and
-        # samples fresh prompts until every rank holds its quota (or the tries run out).
-        quota, groups, drawn = cfg.prompts_per_step // world, [], []
-        for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
-            prompts = take_prompts(rows, state["data_pos"], cfg.prompts_per_step, cfg.seed)
-            prompts = prompts[rank::world]
-            state["data_pos"] += cfg.prompts_per_step
-            t0 = time.perf_counter()
-            outs = engine.generate([r["prompt"] for r in prompts], n=G, max_tokens=cfg.max_new_tokens,
-                                   temperature=cfg.temperature, top_p=cfg.top_p,
-                                   seed=sample_seed(cfg.seed, step, attempt, rank))
-            t1 = time.perf_counter()
-            new = []
-            for row, samples in zip(prompts, outs):
-                graded = [grade(cfg, s, row["answer"]) for s in samples]
-                new.append((row, samples, [g[0] for g in graded], [g[1] for g in graded]))
-            groups, drawn = groups + new, drawn + new
-            t["rollout"] += t1 - t0
-            t["reward"] += time.perf_counter() - t1
-            if not cfg.dynamic_sampling:
-                break
-            groups = informative_groups(groups)[:quota]
-            if all_reduce([len(groups) < quota], dist.ReduceOp.MAX)[0] == 0:
-                break
-        engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
-
-        # 3. Advantages; then old log-probs and entropy (no grad) and reference log-probs where
-        # needed. A sequence with A = 0 carries no gradient (unless a KL-to-reference term is on),
-        # so the update skips it; the old pass still gives it entropy for the metrics (unless
-        # full_batch_metrics is off). Before the
-        # first optimizer step theta = theta_old, so the first mini-batch's trained sequences get
-        # their old log-probs from their own forward in step 4, with no extra pass.
-        t0 = time.perf_counter()
-        seqs = []
-        for gid, (row, samples, rewards, _) in enumerate(groups):
-            adv = tepo.group_advantages(torch.tensor(rewards), G, lcfg.adv_std_norm)
-            for s, a in zip(samples, adv.tolist()):
-                seqs.append({"gid": gid, "prompt": s.prompt_ids, "resp": s.response_ids, "adv": a,
-                             "train": a != 0 or lcfg.kl_coef > 0,
-                             "rollout_logp": torch.tensor(s.logprobs, dtype=torch.float32)})
-        minibatches = [[seqs[i] for i in idx]
-                       for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
-        counts = all_reduce([x for mb in minibatches for x in (
-            sum(len(s["resp"]) for s in mb), len(mb), sum(len(s["resp"]) for s in mb if s["train"]))])
-        need_old = [s for k, mb in enumerate(minibatches) for s in mb
-                    if (k > 0 and s["train"]) or (not s["train"] and cfg.full_batch_metrics)]
-        no_grad_logprobs(model, need_old, "old", cfg, device, share)
-        if ref_model is not None:
-            no_grad_logprobs(ref_model, [s for s in seqs if s["train"]], "ref", cfg, device, share)
-        t["old_logprobs"] = time.perf_counter() - t0
-
-        # 4. Mini-batch updates: gradients accumulate over micro-batches; the loss of each is
-        # normalised by the global token/sequence counts of its mini-batch, all sequences counted.
-        t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(cfg, step)
-        sums, stats, updated, skipped_before = {}, [], False, state["skipped"]
-        for k, mb_seqs in enumerate(minibatches):
-            num_tokens, num_seqs, trained_tokens = counts[3 * k: 3 * k + 3]
-            if trained_tokens == 0:
-                continue  # no sequence of this mini-batch carries a gradient: no optimizer step
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for mb in padded(micro_batches([s for s in mb_seqs if s["train"]], cfg.micro_batch_tokens)):
-                if mb is None:
-                    dummy_forward(model, True, share)
-                    continue
-                batch = collate(mb, device)
-                logp, ent = response_logprobs(model, batch, cfg.temperature, True, share)
-                if k == 0:  # theta = theta_old: this forward is the old pass
-                    batch["old_logp"], batch["old_entropy"] = logp.detach(), ent
-                    for b, s in enumerate(mb):
-                        s["old_logp"], s["old_entropy"] = logp[b, :len(s["resp"])].detach(), ent[b, :len(s["resp"])]
-                loss, m = tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], lcfg,
-                                           num_tokens=num_tokens, num_seqs=num_seqs,
-                                           metric_tokens=trained_tokens, entropy=ent,
-                                           old_entropy=batch["old_entropy"],
-                                           ref_logp=batch.get("ref_logp"),
-                                           rollout_logp=batch["rollout_logp"])
-                loss.backward()
-                loss_sum += loss.item()
-                for key, v in m.items():
-                    reduce = min if key == "ratio_min" else max if key == "ratio_max" else None
-                    sums[key] = reduce(sums.get(key, v), v) if reduce else sums.get(key, 0.0) + v
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            loss_finite = all_reduce([math.isfinite(loss_sum)], dist.ReduceOp.MIN)[0]
-            if math.isfinite(grad_norm) and loss_finite:
-                optimizer.step()
-                updated, state["bad_in_a_row"] = True, 0
-            else:
-                state["skipped"] += 1
-                state["bad_in_a_row"] += 1
-            stats.append((loss_sum, grad_norm))
-        optimizer.zero_grad(set_to_none=True)
-        t["update"] = time.perf_counter() - t0
-        # 5. Weight sync (only if the weights changed), metrics, samples, checkpoint.
-        t0 = time.perf_counter()
-        engine.wake()
-        if updated:
-            engine.update_weights(full_weights(model))
-        t["sync"] = time.perf_counter() - t0
-        state["step"] = step + 1
-        record = step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t,
-                              time.perf_counter() - t_step, state)
-        if eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
-            record["eval_accuracy"] = evaluate(engine, eval_rows, cfg, rank, world,
-                                               sample_seed(cfg.seed, step + 1, 99, rank))
-        log(record)
-        # kl_old (0 at the first mini-batch, theta = theta_old) and the sampler/trainer mismatch on
-        # the bar: a dtype or kernel mismatch shows here in the first minute of a GPU run.
-        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
-                        kl_old=f"{record.get('kl_old') or 0:.1e}",
-                        mismatch=f"{record.get('mismatch') or 0:.1e}",
-                        s_per_step=f"{record['time/step']:.1f}")
-        skipped = state["skipped"] > skipped_before  # a skipped update: its batch goes on record
-        if rank == 0 and ((cfg.log_samples_every and step % cfg.log_samples_every == 0) or skipped):
-            with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
-                f.writelines(json.dumps({"step": step + 1, "prompt": row["prompt"], "answer": row["answer"],
-                                         "response": s.text, "reward": r}) + "\n"
-                             for row, samples, rewards, _ in drawn[:2] for s, r in zip(samples[:2], rewards))
-        # Too many non-finite updates in a row: save this step's state as it is (the bad updates
-        # were skipped, so the weights are finite) without pruning older checkpoints, and stop.
-        stop = state["bad_in_a_row"] > cfg.max_bad_steps
-        if stop or (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
-            path = save_checkpoint(cfg, model, optimizer, tokenizer, state, rank,
-                                   last=step + 1 == cfg.steps and not stop, prune=not stop)
-        if stop:
-            raise RuntimeError(f"{state['bad_in_a_row']} optimizer steps in a row had a non-finite "
-                               f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped after "
-                               f"step {step + 1}, saved in {path} (older checkpoints kept)")
-    dist.destroy_process_group()
-
-
-def step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t, step_time, state):
-    """One metrics.jsonl record: every diagnostic of the spec, reduced over ranks."""
-    samples = [(s, r, c) for _, ss, rs, cs in drawn for s, r, c in zip(ss, rs, cs)]
-    lens = [len(s.response_ids) for s, _, _ in samples]
-    tot = all_reduce([sum(r for _, r, _ in samples), sum(c for _, _, c in samples), len(samples),
-                      sum(lens), sum(s.finish_reason == "length" for s, _, _ in samples), len(groups),
-                      len(drawn)])
-    mx = all_reduce([max(lens, default=0)], dist.ReduceOp.MAX)[0]
-    # The batch at theta_old, over every response token (or the trained ones: full_batch_metrics):
-    # entropy, Cov(logp, A), mismatch; null when there are none.
-    sums_b, seqs = [0.0] * 6, [s for s in seqs if "old_logp" in s]
-    if seqs:
-        cat = lambda key: torch.cat([s[key].detach().cpu().double() for s in seqs])  # noqa: E731
-        lp, adv = cat("old_logp"), torch.cat([torch.full((len(s["resp"]),), s["adv"]) for s in seqs])
-        sums_b = [float(x) for x in (cat("old_entropy").sum(), (lp * adv).sum(), lp.sum(), adv.sum(),
-                                     (cat("rollout_logp") - lp).abs().sum(), len(lp))]
-    tok = all_reduce(sums_b)
-    n_tok = tok[5] or math.nan
-    batch = {k: (None if math.isnan(v) else v) for k, v in {
-        "entropy": tok[0] / n_tok, "mismatch": tok[4] / n_tok,
-        "cov_logp_adv": tok[1] / n_tok - (tok[2] / n_tok) * (tok[3] / n_tok)}.items()}
-    # Update metrics (over the trained tokens): add over ranks (min/max for the ratio extremes),
-    # then average over mini-batches. A rank that trained on nothing has no keys: gather them.
-    key_sets = [None] * dist.get_world_size()
-    dist.all_gather_object(key_sets, sorted(k for k in sums if k not in batch and not k.startswith("cov/")))
-    keys = sorted(set().union(*key_sets))
-    fill = {"ratio_min": math.inf, "ratio_max": -math.inf}
-    vals = [float(sums.get(k, fill.get(k, 0.0))) for k in keys]
-    summed = all_reduce(vals)
-    mins, maxs = all_reduce(vals, dist.ReduceOp.MIN), all_reduce(vals, dist.ReduceOp.MAX)
-    update = {k: lo if k == "ratio_min" else hi if k == "ratio_max" else s / max(len(stats), 1)
-              for k, s, lo, hi in zip(keys, summed, mins, maxs)}
-    n = max(tot[2], 1)
-    record = {"step": step + 1, "reward": tot[0] / n, "accuracy": tot[1] / n,
-              "response_len": tot[3] / n, "response_len_max": mx, "truncated": tot[4] / n,
-              **batch, **update, "optimizer_steps": len(stats),
-              "grad_norm": sum(g for _, g in stats) / max(len(stats), 1),
-              "lr": lr_at(cfg, step), "skipped_updates": state["skipped"],
-              "time/step": step_time, **{f"time/{k}": v for k, v in t.items()},
-              "tokens_per_s": tot[3] / max(t["rollout"], 1e-9)}
-    if cfg.dynamic_sampling:
-        record["groups_kept"] = tot[5] / max(tot[6], 1)
-    return record
 
 
 if __name__ == "__main__":

@@ -22,18 +22,25 @@ for gid in range(4):                       # 4 prompts x 3 responses, ragged len
     prompt = torch.randint(2, 100, (4 + gid,), generator=g).tolist()
     for j in range(3):
         n = 2 + (gid * 3 + j) % 5
-        seqs.append({"gid": gid, "prompt": prompt, "resp": torch.randint(2, 100, (n,), generator=g).tolist(),
-                     "adv": float(torch.randn(1, generator=g)), "rollout_logp": torch.zeros(n)})
-num_tokens, num_seqs = sum(len(s["resp"]) for s in seqs), len(seqs)
+        resp = torch.randint(2, 100, (n,), generator=g).tolist()
+        seqs.append(train.Sequence(gid, prompt, resp, float(torch.randn(1, generator=g)), True, torch.zeros(n)))
+num_tokens, num_seqs = sum(len(s.resp) for s in seqs), len(seqs)
 cfg = tepo.LossConfig.preset("dapo")
 
-def grads(model, my_seqs, share, fsdp):
-    mbs = train.micro_batches(my_seqs, budget=40)
-    for mb in train.padded(mbs) if fsdp else mbs:  # padded() is a collective: FSDP ranks only
-        if mb is None:
-            train.dummy_forward(model, True, share); continue
+def forwards(model, my_seqs, share, fsdp):
+    """(batch, logp) per micro-batch; lockstep_forwards is a collective: FSDP ranks only."""
+    tcfg = train.Config(model="m", train_data="d", micro_batch_tokens=40, temperature=1.0,
+                        activation_checkpointing=not share)
+    if fsdp:
+        for _, b, logp, _ in train.lockstep_forwards(model, my_seqs, tcfg, torch.device("cpu"), False, grad=True):
+            yield b, logp
+        return
+    for mb in train.micro_batches(my_seqs, budget=40):
         b = train.collate(mb, torch.device("cpu"))
-        logp, _ = train.response_logprobs(model, b, 1.0, False, share)
+        yield b, train.response_logprobs(model, b, 1.0, False, share)[0]
+
+def grads(model, my_seqs, share, fsdp):
+    for b, logp in forwards(model, my_seqs, share, fsdp):
         old = logp.detach() - 0.05             # ratios != 1, some clipped
         loss, _ = tepo.policy_loss(logp, old, b["adv"], b["mask"], cfg, num_tokens=num_tokens, num_seqs=num_seqs)
         loss.backward()
@@ -41,7 +48,7 @@ def grads(model, my_seqs, share, fsdp):
             for n, p in model.named_parameters()}
 
 fsdp = train.load_policy(path, train.Config(model=path, train_data="x"), torch.device("cpu"))
-mine = [s for s in seqs if s["gid"] % 2 == rank]   # rank 0 gets prompts 0, 2; rank 1 gets 1, 3
+mine = [s for s in seqs if s.gid % 2 == rank]   # rank 0 gets prompts 0, 2; rank 1 gets 1, 3
 got = grads(fsdp, mine, share=True, fsdp=True)     # the plain reference below shares nothing
 if rank == 0:
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

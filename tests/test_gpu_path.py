@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.distributed.distributed_c10d import BackendConfig
 
+import checkpoint
 import rollout
 import train
 from demo import make_tiny_model
@@ -35,10 +36,10 @@ def test_the_process_group_reduces_cpu_tensors_on_every_device(cuda):
 def test_dynamic_sampling_filters_on_correctness_not_on_shaped_reward():
     """A group all right (or all wrong) is dropped even when the overlong penalty spreads its
     rewards; a group with right and wrong answers is kept even when its rewards tie."""
-    all_right = ("row", ["s"] * 3, [1.0, 0.7, 0.4], [True, True, True])
-    all_wrong = ("row", ["s"] * 3, [0.0, -0.3, 0.0], [False, False, False])
-    mixed = ("row", ["s"] * 3, [1.0, 1.0, 0.0], [True, True, False])
-    tie = ("row", ["s"] * 2, [0.5, 0.5], [True, False])  # format reward 0.5 for a boxed wrong one
+    all_right = train.Group({}, ["s"] * 3, [1.0, 0.7, 0.4], [True, True, True])
+    all_wrong = train.Group({}, ["s"] * 3, [0.0, -0.3, 0.0], [False, False, False])
+    mixed = train.Group({}, ["s"] * 3, [1.0, 1.0, 0.0], [True, True, False])
+    tie = train.Group({}, ["s"] * 2, [0.5, 0.5], [True, False])  # format reward 0.5: boxed, wrong
     assert train.informative_groups([all_right, mixed, all_wrong, tie]) == [mixed, tie]
 
 
@@ -123,13 +124,13 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
         return real_replace(src, dst)
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        train.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))
-    found = train.list_checkpoints(str(out))
+        checkpoint.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))
+    found = checkpoint.list_checkpoints(str(out))
     assert len(found) == 1
     assert json.load(open(os.path.join(found[0], "trainer_state.json")))["version"] == "old"
     monkeypatch.setattr(os, "replace", real_replace)
-    train.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))  # the save done again
-    assert train.list_checkpoints(str(out)) == [str(out / "step_000004")]
+    checkpoint.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))  # the save done again
+    assert checkpoint.list_checkpoints(str(out)) == [str(out / "step_000004")]
     assert json.load(open(out / "step_000004" / "trainer_state.json"))["version"] == "new"
     assert sorted(os.listdir(out)) == ["step_000004"]
 
@@ -137,7 +138,7 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
 def test_list_checkpoints_ignores_partial_and_foreign_directories(tmp_path):
     for name in ("step_000002", "step_000010", "step_000012.tmp", "step_notes", "final"):
         (tmp_path / name).mkdir()
-    assert train.list_checkpoints(str(tmp_path)) == [str(tmp_path / "step_000002"),
+    assert checkpoint.list_checkpoints(str(tmp_path)) == [str(tmp_path / "step_000002"),
                                                      str(tmp_path / "step_000010")]
     with pytest.raises(ValueError, match="keep_last must be >= 0"):
         train.Config(model="m", train_data="d", keep_last=-1)
@@ -146,12 +147,12 @@ def test_list_checkpoints_ignores_partial_and_foreign_directories(tmp_path):
 SHARED_DIR_SCRIPT = r'''
 import sys, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import train
+import checkpoint
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 out = sys.argv[1] if rank == 0 or sys.argv[2] == "shared" else sys.argv[1] + "-node-local"
 try:
-    train.check_shared_dir(out, rank, dist.get_world_size())
+    checkpoint.check_shared_dir(out, rank, dist.get_world_size())
     print("SHARED", flush=True)
 except RuntimeError as e:
     print("ERROR", e, flush=True)

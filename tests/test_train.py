@@ -64,13 +64,13 @@ def test_take_prompts_is_a_seeded_epoch_stream():
 
 
 def test_micro_batches_hold_one_prompt_within_the_token_budget():
-    seqs = [{"gid": g, "prompt": [0] * p, "resp": [0] * r}
+    seqs = [train.Sequence(g, [0] * p, [0] * r, 0.0, True, torch.zeros(r))
             for g, p, rs in [(0, 5, (3, 17, 9, 9)), (1, 2, (30, 2, 11)), (2, 4, (1,))] for r in rs]
     mbs = train.micro_batches(seqs, budget=60)
     assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in seqs)
     for mb in mbs:
-        assert len({s["gid"] for s in mb}) == 1                      # one prompt per micro-batch
-        assert len(mb) * (len(mb[0]["prompt"]) + max(len(s["resp"]) for s in mb)) <= 60 or len(mb) == 1
+        assert len({s.gid for s in mb}) == 1                         # one prompt per micro-batch
+        assert len(mb) * (len(mb[0].prompt) + max(len(s.resp) for s in mb)) <= 60 or len(mb) == 1
     assert len(train.micro_batches(seqs, budget=10**6)) == 3          # one per prompt
 
 
@@ -83,18 +83,18 @@ def test_response_logprobs_match_a_per_sequence_forward(tmp_path, share_prompt):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, 100, (6,), generator=g).tolist()
-    seqs = [{"gid": 0, "prompt": prompt, "resp": torch.randint(2, 100, (n,), generator=g).tolist(),
-             "adv": 0.5, "rollout_logp": torch.zeros(n)} for n in (3, 1, 7, 6)]
+    seqs = [train.Sequence(0, prompt, torch.randint(2, 100, (n,), generator=g).tolist(), 0.5, True,
+                           torch.zeros(n)) for n in (3, 1, 7, 6)]
     batch = train.collate(seqs, torch.device("cpu"))
     logp, ent = train.response_logprobs(model, batch, 0.8, True, share_prompt)
     weights = torch.randn(logp.shape, generator=g) * batch["mask"]
     grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
     total = 0
     for b, s in enumerate(seqs):
-        n = len(s["resp"])
-        ids = torch.tensor([prompt + s["resp"]])
+        n = len(s.resp)
+        ids = torch.tensor([prompt + s.resp])
         lp = torch.log_softmax(model(input_ids=ids).logits[0] / 0.8, -1)[len(prompt) - 1:-1]
-        want = lp.gather(1, torch.tensor(s["resp"])[:, None]).squeeze(1)
+        want = lp.gather(1, torch.tensor(s.resp)[:, None]).squeeze(1)
         assert torch.allclose(logp[b, :n], want, atol=1e-5)
         assert torch.allclose(ent[b, :n], -(lp.exp() * lp).sum(-1), atol=1e-5)
         total = total + (want * weights[b, :n]).sum()

@@ -1,0 +1,157 @@
+"""The run's settings: the `Config` dataclass (one field per YAML key, each with its meaning), and
+`load_config`, which reads a YAML file (and the file its `base:` names) plus `--set key=value`
+overrides, and rejects unknown keys and values of the wrong type with the key's name."""
+import dataclasses
+import math
+import os
+import types
+from dataclasses import dataclass, field
+
+import yaml
+
+import tepo
+
+@dataclass
+class Config:
+    """Every setting of a run; the README documents each. YAML keys map onto these fields."""
+    model: str = ""                      # HF model directory or hub id: the initial policy (required)
+    train_data: str = ""                 # JSONL with "problem" and "answer" per line (required)
+    eval_data: str = ""                  # held-out JSONL: accuracy at start, every eval_every, end
+    prompt_template: str | None = None   # "...{problem}..."; null: the chat template, else plain
+    out_dir: str = "runs/run"            # metrics, samples and checkpoints go here
+    seed: int = 0                        # data order, sampling seeds, initial RNG states
+    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo: the loss preset
+    loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig fields, e.g. clip_high
+    steps: int = 100                     # RL steps (one batch of P x G samples each)
+    prompts_per_step: int = 16           # P over all ranks (divisible by the number of ranks)
+    group_size: int = 8                  # G responses per prompt
+    max_prompt_len: int = 512            # tokens; longer training prompts are dropped at load
+    max_new_tokens: int = 1024           # response length cap (also Dr.GRPO's L_max)
+    temperature: float = 1.0             # sampling temperature, also used for the trainer's log-probs
+    top_p: float = 1.0                   # nucleus sampling (1.0 keeps sampler and trainer exact)
+    num_minibatches: int = 4             # optimizer steps per RL step
+    micro_batch_tokens: int = 16384      # padded tokens per forward/backward on one rank
+    lr: float = 1e-6                     # AdamW peak learning rate
+    lr_schedule: str = "constant"        # constant | cosine, after the warm-up
+    warmup_steps: int = 0                # RL steps of linear warm-up
+    min_lr_ratio: float = 0.0            # cosine floor, as a fraction of lr
+    weight_decay: float = 0.0            # AdamW weight decay
+    betas: tuple = (0.9, 0.999)          # AdamW betas
+    grad_clip: float = 1.0               # max global gradient norm
+    format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py)
+    no_answer_penalty: float = 0.0       # minus this for a response with no final answer
+    dynamic_sampling: bool | None = None  # DAPO: drop groups with equal rewards; null: on for dapo
+    max_sampling_tries: int = 3          # dynamic sampling: batches drawn per step at most
+    overlong_buffer: int | None = None   # DAPO overlong shaping; null: max_new_tokens//4 for dapo
+    overlong_factor: float = 1.0         # penalty at max_new_tokens
+    backend: str = "vllm"                # rollout engine: vllm | hf (transformers generate)
+    dtype: str = "auto"                  # rollout dtype; auto: bfloat16 on GPU, float32 on CPU
+    train_dtype: str = "auto"            # trainer compute dtype (fp32 master weights); auto as dtype
+    gpu_memory_utilization: float = 0.4  # GPU share of the vLLM engine (weights + KV cache)
+    activation_checkpointing: bool = False  # recompute layer activations in the backward pass
+    eval_every: int = 0                  # held-out evaluation period in steps (0: start, end)
+    eval_n: int = 1                      # samples per held-out problem
+    eval_max_problems: int = 0           # first N held-out problems (0: all)
+    save_every: int = 0                  # checkpoint period in steps (0: only at the end)
+    keep_last: int = 2                   # newest checkpoints kept in out_dir (0: keep all)
+    log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
+    full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
+    max_bad_steps: int = 5               # non-finite updates in a row before the run stops
+
+    def __post_init__(self):
+        self.loss_cfg = tepo.LossConfig.preset(self.method, **{
+            "max_response_len": self.max_new_tokens, **self.loss})
+        self.share_prompt = not self.activation_checkpointing  # see train.response_logprobs
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = self.method == "dapo"
+        if self.overlong_buffer is None:
+            self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
+        for name in ("model", "train_data"):
+            if not getattr(self, name):
+                raise ValueError(f"config: `{name}` is required")
+        for name, allowed in (("train_dtype", ("auto", "float32", "bfloat16")),
+                              ("dtype", ("auto", "float32", "bfloat16", "float16"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
+        if self.keep_last < 0:
+            raise ValueError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+
+
+def typed(name, value, kind):
+    """`value` as type `kind` (a field's annotation), or a ValueError naming the key.
+
+    YAML reads 3e-6 (no dot) as a string, so number-like strings are accepted for numbers.
+    """
+    if isinstance(kind, types.UnionType):  # `X | None`: None, or an X
+        if value is None:
+            return None
+        kind = next(t for t in kind.__args__ if t is not type(None))
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"config key {name!r} must be true or false, got {value!r}")
+    if kind in (int, float):
+        try:
+            number = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not math.isfinite(number) or (kind is int and number != int(number)):
+            raise ValueError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
+                             f", got {value!r}")
+        return kind(number)
+    if kind is tuple:  # AdamW betas
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"config key {name!r} must be a list of numbers, got {value!r}")
+        return tuple(typed(f"{name}[{i}]", v, float) for i, v in enumerate(value))
+    if not isinstance(value, kind):
+        raise ValueError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def read_yaml_config(path):
+    """A config file's keys, on top of those of the file its `base:` names (relative to it), if any;
+    `loss` is merged key by key."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
+    if "base" not in raw:
+        return raw
+    base = read_yaml_config(os.path.join(os.path.dirname(path), str(raw.pop("base"))))
+    loss = {**(base.get("loss") or {}), **(raw.get("loss") or {})}
+    return {**base, **raw, **({"loss": loss} if loss else {})}
+
+
+def load_config(path, overrides=()):
+    """YAML file (and its `base:`) + `key=value` overrides -> Config. Unknown keys are errors
+    listing valid ones."""
+    raw = read_yaml_config(path) if path else {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        target = raw
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            target = target.setdefault(p, {})
+        target[leaf] = yaml.safe_load(value)
+    valid = {f.name: f for f in dataclasses.fields(Config)}
+    loss_valid = {f.name: f for f in dataclasses.fields(tepo.LossConfig) if f.name != "method"}
+    loss = raw.get("loss") or {}
+    if not isinstance(loss, dict):
+        raise ValueError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
+    for what, keys, ok in (("config", raw, valid), ("loss", loss, loss_valid)):
+        if set(keys) - set(ok):
+            raise ValueError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
+    raw = {k: typed(k, v, valid[k].type) for k, v in raw.items() if k != "loss"}
+    raw["loss"] = {k: typed(f"loss.{k}", v, loss_valid[k].type) for k, v in loss.items()}
+    return Config(**raw)
+
+
+def config_dict(cfg):
+    return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
+            for f in dataclasses.fields(cfg)}
