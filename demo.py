@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import (AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2Tokenizer)
 
-from rollout import build_prompt, load_problems
+from data import build_prompt, load_problems
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 # Every printable ASCII character plus newline, one token each: 2 specials + 96 characters.

@@ -8,7 +8,7 @@
 
 Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
-BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is rollout.build_prompt with
+BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is data.build_prompt with
 the checkpoint's own `prompt_template` (from train_config.yaml, which train.py writes into every
 checkpoint), so a checkpoint is evaluated the way it was trained; --max-tokens defaults to its
 `max_new_tokens` (else 4096). Prompt plus response never exceed the model's context
@@ -42,6 +42,8 @@ import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 
+import data
+import policy
 import reward
 import rollout
 
@@ -333,16 +335,16 @@ def main(argv=None):
     args = parse_args(argv)
     # Under torchrun: the trainer's group setup (gloo for CPU tensors, nccl for CUDA ones). Alone:
     # no group, and vLLM makes its own (so eval.main can run twice in one process).
-    rank, world = (rollout.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
+    rank, world = (policy.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
                    else (0, 1))
     if rank == 0:  # an unwritable --out fails now, not after the evaluation
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.ckpt)
-    data = {name: rollout.load_problems(path) for name, path in args.files.items()}
-    prompts = {name: [tokenizer(rollout.build_prompt(tokenizer, r["problem"], args.template),
+    problems = {name: data.load_problems(path) for name, path in args.files.items()}
+    prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]
-               for name, rows in data.items()}  # tokenized as rollout tokenizes a text prompt
+               for name, rows in problems.items()}  # tokenized as rollout tokenizes a text prompt
     context = context_length(args.ckpt)
     longest = max(len(p) for ps in prompts.values() for p in ps)
     max_model_len = longest + args.max_tokens if context is None else \
@@ -350,7 +352,7 @@ def main(argv=None):
     engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
                                  max_model_len=max_model_len, seed=args.seed)
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
-    for name, rows in data.items():
+    for name, rows in problems.items():
         mine = sum(len(idx) for _, idx in my_chunks(len(rows), args.chunk_size, rank, world))
         bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
                    unit="problem", disable=rank != 0)

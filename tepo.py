@@ -352,3 +352,35 @@ def finish_metrics(summed):
     if "cov/logp_adv" in summed:
         out["cov_logp_adv"] = float(summed["cov/logp_adv"] - summed["cov/logp"] * summed["cov/adv"])
     return out
+
+
+# ----------------------------------------------------------------------------- a model's log-probs
+
+
+def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True):
+    """Log-probs (b, R) of one prompt's b responses under `model`, and their entropy (b, R) or None.
+
+    `batch`: "prompt" (1, p) token ids, "resp" (b, R) right-padded response ids (train.collate).
+    With `share_prompt`, the prompt runs once and its KV cache is repeated for the b responses,
+    which continue from it: (b - 1) prompt passes saved, the same values and gradients (they flow
+    back through the cache). HF drops the cache under activation checkpointing, so then every row
+    holds its own copy of the prompt. No attention mask: padding sits at the right end of the
+    responses, and causal attention never looks right.
+    """
+    prompt, resp = batch["prompt"], batch["resp"]
+    b, R = resp.shape
+    if not share_prompt:
+        ids = torch.cat([prompt.expand(b, -1), resp], dim=1)
+        logits = model(input_ids=ids, logits_to_keep=R + 1, use_cache=False).logits[:, :-1]
+        return token_logprobs_entropy(logits, resp, temperature, with_entropy)
+    out = model(input_ids=prompt, logits_to_keep=1, use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(b)
+    first = token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
+                                   with_entropy)                # the first token, from the prompt
+    # Always a second call, even for R = 1 (its last position is dropped): every FSDP forward is a
+    # collective, so each micro-batch must make the same calls on every rank (train.lockstep_forwards).
+    logits = model(input_ids=resp, past_key_values=cache, use_cache=True).logits[:, :-1]
+    rest = token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy)
+    logp = torch.cat([first[0], rest[0]], dim=1)
+    return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None

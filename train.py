@@ -11,7 +11,7 @@ its own share of the prompts. One RL step is five calls in `main`:
   4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that fit
                        a token budget, the loss normalised by counts summed over all ranks
   5. sync_and_log      full weights from FSDP2 into the engine; metrics.jsonl; samples; checkpoint
-Settings are config.py's `Config`; checkpoints are checkpoint.py's.
+Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
 """
 import argparse
 import json
@@ -29,9 +29,10 @@ from tqdm import tqdm
 import reward
 import rollout
 import tepo
-from checkpoint import (TrainState, check_shared_dir, full_weights, list_checkpoints,
-                        load_training_state, save_checkpoint, set_rng_states)
 from config import Config, config_dict, load_config  # noqa: F401  (train.Config: for users too)
+from data import load_rows, resolve_model, take_prompts
+from policy import (TrainState, check_shared_dir, full_weights, list_checkpoints, load_policy,
+                    load_training_state, save_checkpoint, set_rng_states, setup_distributed)
 
 # ----------------------------------------------------------------------------- the records of a step
 
@@ -122,7 +123,7 @@ def main(argv=None):
 def setup(cfg, resume):
     """Join the process group; read the data; build policy, reference, optimizer and engine;
     restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir. -> Run"""
-    rank, world, device = rollout.setup_distributed()
+    rank, world, device = setup_distributed()
     if cfg.prompts_per_step % world:
         raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
     from transformers import AutoTokenizer
@@ -363,7 +364,7 @@ def lockstep_forwards(model, seqs, cfg, device, with_entropy, grad=False):
     for mb in mbs:
         batch = collate(mb, device)
         with torch.set_grad_enabled(grad):
-            logp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy,
+            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy,
                                           cfg.share_prompt)
         yield mb, batch, logp, ent
     for _ in range(busiest - len(mbs)):
@@ -376,7 +377,7 @@ def dummy_forward(model, backward, share_prompt):
     tiny = {"prompt": torch.zeros(1, 1, dtype=torch.long, device=device),
             "resp": torch.zeros(1, 1, dtype=torch.long, device=device)}
     with torch.set_grad_enabled(backward):
-        logp, _ = response_logprobs(model, tiny, 1.0, False, share_prompt)
+        logp, _ = tepo.response_logprobs(model, tiny, 1.0, False, share_prompt)
     if backward:
         logp.sum().mul(0.0).backward()
 
@@ -403,112 +404,6 @@ def add_metrics(sums, metrics):
         op = METRIC_REDUCE.get(key, "sum")
         sums[key] = (min if op == "min" else max)(sums.get(key, v), v) if op != "sum" \
             else sums.get(key, 0.0) + v
-
-
-# ----------------------------------------------------------------------------- model
-
-
-def load_model(path):
-    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built.
-
-    The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
-    Built modules copy their dropout rate from the config at construction (Qwen2's attention
-    reads `attention_dropout` once), so zeroing the config afterwards would change nothing.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.from_pretrained(path)
-    for c in {id(c): c for c in (config, config.get_text_config())}.values():
-        for key, value in vars(c).items():
-            if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
-                setattr(c, key, 0.0)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
-    for m in model.modules():  # and any nn.Dropout the config does not name
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    return model
-
-
-def load_policy(path, cfg, device, trainable=True):
-    """`load_model`, sharded with FSDP2: each decoder layer, then the root.
-
-    Master weights and gradient reduction stay fp32; the forward/backward run in `cfg.train_dtype`
-    (auto: bf16 on GPU, fp32 on CPU).
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-    model = load_model(path)
-    if cfg.activation_checkpointing and trainable:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    compute = {"auto": "bfloat16" if device.type == "cuda" else "float32"}.get(cfg.train_dtype,
-                                                                                cfg.train_dtype)
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if compute == "bfloat16" else MixedPrecisionPolicy())
-    model.to(device)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    # The loss is already normalised by global counts, so rank gradients must be summed, not
-    # averaged (FSDP's default divides by the world size). Plain SUM: gloo has no PREMUL_SUM.
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            m.set_gradient_divide_factor(1.0)
-            m.set_force_sum_reduction_for_comms(True)
-    model.train(trainable)
-    if not trainable:
-        model.requires_grad_(False)
-    return model
-
-
-# ----------------------------------------------------------------------------- data
-
-
-def load_rows(path, cfg, tokenizer, rank):
-    """The rows of a JSONL data file whose prompt fits max_prompt_len, each with its prompt text.
-
-    Longer prompts are dropped (and counted on the console): the engine's context is
-    max_prompt_len + max_new_tokens, so they could not be sampled. Held-out accuracy is then over
-    the rows kept. -> (rows, number dropped)
-    """
-    rows = rollout.load_problems(path)
-    kept = []
-    for row in rows:
-        row["prompt"] = rollout.build_prompt(tokenizer, row["problem"], cfg.prompt_template)
-        if len(tokenizer(row["prompt"]).input_ids) <= cfg.max_prompt_len:
-            kept.append(row)
-    if not kept:
-        raise ValueError(f"{path}: no prompt fits max_prompt_len={cfg.max_prompt_len}")
-    if rank == 0 and len(kept) < len(rows):
-        print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
-              f"max_prompt_len={cfg.max_prompt_len}")
-    return kept, len(rows) - len(kept)
-
-
-def resolve_model(name):
-    """A local directory for `model`: itself if it is one, else the hub's snapshot of it (downloaded
-    once into the Hugging Face cache; ranks that start together share the download's locks)."""
-    if os.path.isdir(name):
-        return name
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise FileNotFoundError(f"model directory not found: {name}")
-    from huggingface_hub import snapshot_download
-    try:
-        return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                       "*.model", "*.tiktoken", "*.jinja"])
-    except Exception as e:
-        raise FileNotFoundError(f"model {name!r} is not a local directory, and the hub did not "
-                                f"give it ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-
-
-def take_prompts(rows, pos, count, seed):
-    """Rows pos .. pos+count of an endless stream: the data set reshuffled each epoch, seeded."""
-    out = []
-    for p in range(pos, pos + count):
-        epoch, i = divmod(p, len(rows))
-        order = np.random.default_rng([seed, epoch]).permutation(len(rows))
-        out.append(rows[order[i]])
-    return out
 
 
 # ----------------------------------------------------------------------------- batches
@@ -554,37 +449,6 @@ def collate(mb, device):
             for b, s in enumerate(mb):
                 out[key][b, :len(s.resp)] = getattr(s, key)
     return {k: v.to(device) for k, v in out.items()}
-
-
-def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True):
-    """Log-probs (b, R) of one prompt's b responses under `model`, and their entropy (b, R) or None.
-
-    With `share_prompt`, the prompt runs once and its KV cache is repeated for the b responses,
-    which continue from it: (b - 1) prompt passes saved, the same values and gradients (they flow
-    back through the cache). HF drops the cache under activation checkpointing, so then every row
-    holds its own copy of the prompt. No attention mask: padding sits at the right end of the
-    responses, and causal attention never looks right.
-    """
-    prompt, resp = batch["prompt"], batch["resp"]
-    b, R = resp.shape
-    if not share_prompt:
-        ids = torch.cat([prompt.expand(b, -1), resp], dim=1)
-        logits = model(input_ids=ids, logits_to_keep=R + 1, use_cache=False).logits[:, :-1]
-        return tepo.token_logprobs_entropy(logits, resp, temperature, with_entropy)
-    out = model(input_ids=prompt, logits_to_keep=1, use_cache=True)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(b)
-    first = tepo.token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
-                                        with_entropy)           # the first token, from the prompt
-    # Always a second call, even for R = 1 (its last position is dropped): every FSDP forward is a
-    # collective, so each micro-batch must make the same calls on every rank (see `lockstep_forwards`).
-    logits = model(input_ids=resp, past_key_values=cache, use_cache=True).logits[:, :-1]
-    rest = tepo.token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy)
-    logp = torch.cat([first[0], rest[0]], dim=1)
-    return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None
-
-
-@torch.no_grad()
 
 
 # ----------------------------------------------------------------------------- metrics, evaluation

@@ -38,7 +38,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 import demo  # noqa: E402
 from reward import math_reward  # noqa: E402
-from rollout import build_prompt  # noqa: E402
+from data import build_prompt  # noqa: E402
 
 
 def bench_prompts(tokenizer, n):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import demo
-from rollout import build_prompt, load_problems
+from data import build_prompt, load_problems
 
 
 def _numbers(problem):

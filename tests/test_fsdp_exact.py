@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r'''
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import train, tepo
+import train, tepo, policy
 from transformers import AutoModelForCausalLM
 dist.init_process_group("gloo")
 rank, path = dist.get_rank(), sys.argv[1]
@@ -37,7 +37,7 @@ def forwards(model, my_seqs, share, fsdp):
         return
     for mb in train.micro_batches(my_seqs, budget=40):
         b = train.collate(mb, torch.device("cpu"))
-        yield b, train.response_logprobs(model, b, 1.0, False, share)[0]
+        yield b, tepo.response_logprobs(model, b, 1.0, False, share)[0]
 
 def grads(model, my_seqs, share, fsdp):
     for b, logp in forwards(model, my_seqs, share, fsdp):
@@ -47,7 +47,7 @@ def grads(model, my_seqs, share, fsdp):
     return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
             for n, p in model.named_parameters()}
 
-fsdp = train.load_policy(path, train.Config(model=path, train_data="x"), torch.device("cpu"))
+fsdp = policy.load_policy(path, train.Config(model=path, train_data="x"), torch.device("cpu"))
 mine = [s for s in seqs if s.gid % 2 == rank]   # rank 0 gets prompts 0, 2; rank 1 gets 1, 3
 got = grads(fsdp, mine, share=True, fsdp=True)     # the plain reference below shares nothing
 if rank == 0:

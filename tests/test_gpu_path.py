@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.distributed.distributed_c10d import BackendConfig
 
-import checkpoint
+import data
+import policy
 import rollout
 import train
 from demo import make_tiny_model
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_the_process_group_reduces_cpu_tensors_on_every_device(cuda):
     """Metrics are all-reduced as CPU tensors: the group must map the CPU to gloo on GPUs too (an
     nccl-only group fails there: "No backend type associated with device type cpu")."""
-    backends = BackendConfig(rollout.process_group_backend(cuda)).get_device_backend_map()
+    backends = BackendConfig(policy.process_group_backend(cuda)).get_device_backend_map()
     assert backends["cpu"] == "gloo"
     if cuda:
         assert backends["cuda"] == "nccl"
@@ -85,7 +86,7 @@ def test_a_checkpoint_with_dropout_trains_without_it(tmp_path):
     config["attention_dropout"] = 0.5
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f)
-    model = train.load_model(path).train()
+    model = policy.load_model(path).train()
     ids = torch.randint(2, 100, (2, 24), generator=torch.Generator().manual_seed(0))
     a, b = model(input_ids=ids).logits, model(input_ids=ids).logits
     assert torch.equal(a, b), "two forward passes in train mode differ: dropout is on"
@@ -124,13 +125,13 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
         return real_replace(src, dst)
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))
-    found = checkpoint.list_checkpoints(str(out))
+        policy.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))
+    found = policy.list_checkpoints(str(out))
     assert len(found) == 1
     assert json.load(open(os.path.join(found[0], "trainer_state.json")))["version"] == "old"
     monkeypatch.setattr(os, "replace", real_replace)
-    checkpoint.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))  # the save done again
-    assert checkpoint.list_checkpoints(str(out)) == [str(out / "step_000004")]
+    policy.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))  # the save done again
+    assert policy.list_checkpoints(str(out)) == [str(out / "step_000004")]
     assert json.load(open(out / "step_000004" / "trainer_state.json"))["version"] == "new"
     assert sorted(os.listdir(out)) == ["step_000004"]
 
@@ -138,7 +139,7 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
 def test_list_checkpoints_ignores_partial_and_foreign_directories(tmp_path):
     for name in ("step_000002", "step_000010", "step_000012.tmp", "step_notes", "final"):
         (tmp_path / name).mkdir()
-    assert checkpoint.list_checkpoints(str(tmp_path)) == [str(tmp_path / "step_000002"),
+    assert policy.list_checkpoints(str(tmp_path)) == [str(tmp_path / "step_000002"),
                                                      str(tmp_path / "step_000010")]
     with pytest.raises(ValueError, match="keep_last must be >= 0"):
         train.Config(model="m", train_data="d", keep_last=-1)
@@ -147,12 +148,12 @@ def test_list_checkpoints_ignores_partial_and_foreign_directories(tmp_path):
 SHARED_DIR_SCRIPT = r'''
 import sys, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import checkpoint
+import policy
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 out = sys.argv[1] if rank == 0 or sys.argv[2] == "shared" else sys.argv[1] + "-node-local"
 try:
-    checkpoint.check_shared_dir(out, rank, dist.get_world_size())
+    policy.check_shared_dir(out, rank, dist.get_world_size())
     print("SHARED", flush=True)
 except RuntimeError as e:
     print("ERROR", e, flush=True)
@@ -198,7 +199,7 @@ def im_end_model(tmp_path_factory):
 def test_a_model_that_closes_its_turn_gives_one_token_responses(im_end_model, backend):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(im_end_model)
-    prompts = [rollout.build_prompt(tok, p) for p in ("What is 1+1?", "Solve $x^2=4$.")]
+    prompts = [data.build_prompt(tok, p) for p in ("What is 1+1?", "Solve $x^2=4$.")]
     engine = rollout.make_engine(im_end_model, backend=backend, dtype="float32",
                                  max_model_len=256, seed=0)
     try:

@@ -3,6 +3,8 @@ import pytest
 import torch
 import yaml
 
+import data
+import tepo
 import train
 from demo import make_tiny_model
 
@@ -56,11 +58,11 @@ def test_lr_schedule():
 
 def test_take_prompts_is_a_seeded_epoch_stream():
     rows = list(range(10))
-    a = train.take_prompts(rows, 0, 25, seed=3)
+    a = data.take_prompts(rows, 0, 25, seed=3)
     assert sorted(a[:10]) == rows and sorted(a[10:20]) == rows      # each epoch is a permutation
     assert a[:10] != a[10:20]                                        # reshuffled per epoch
-    assert train.take_prompts(rows, 7, 6, seed=3) == a[7:13]         # position is all it needs
-    assert train.take_prompts(rows, 0, 10, seed=4) != a[:10]
+    assert data.take_prompts(rows, 7, 6, seed=3) == a[7:13]         # position is all it needs
+    assert data.take_prompts(rows, 0, 10, seed=4) != a[:10]
 
 
 def test_micro_batches_hold_one_prompt_within_the_token_budget():
@@ -86,7 +88,7 @@ def test_response_logprobs_match_a_per_sequence_forward(tmp_path, share_prompt):
     seqs = [train.Sequence(0, prompt, torch.randint(2, 100, (n,), generator=g).tolist(), 0.5, True,
                            torch.zeros(n)) for n in (3, 1, 7, 6)]
     batch = train.collate(seqs, torch.device("cpu"))
-    logp, ent = train.response_logprobs(model, batch, 0.8, True, share_prompt)
+    logp, ent = tepo.response_logprobs(model, batch, 0.8, True, share_prompt)
     weights = torch.randn(logp.shape, generator=g) * batch["mask"]
     grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
     total = 0

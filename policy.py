@@ -1,5 +1,5 @@
-"""Checkpoints: the trainer's counters (`TrainState`), saving a run atomically, finding and loading
-what a resume needs.
+"""The policy's weights and processes: the process group, the model loaded with dropout off and
+sharded with FSDP2, its full weights gathered, and checkpoints saved atomically and restored.
 
 A checkpoint out_dir/step_XXXXXX is an HF model directory (transformers, vLLM and eval.py load it)
 plus `optim/` (torch.distributed.checkpoint, one shard per rank), `trainer_state.json`,
@@ -20,6 +20,91 @@ import torch.distributed as dist
 import yaml
 
 from config import config_dict
+
+
+
+def process_group_backend(cuda):
+    """The torch.distributed backend string: gloo for CPU tensors always, nccl for CUDA ones.
+
+    An nccl-only group fails the first collective on a CPU tensor ("No backend type associated
+    with device type cpu"), and train.py reduces its metrics on the CPU; vLLM's external launcher
+    also asks for both ('cpu:gloo,cuda:nccl').
+    """
+    return "cpu:gloo,cuda:nccl" if cuda else "cpu:gloo"
+
+
+def setup_distributed():
+    """Join torchrun's process group, or make a group of one on a free port. -> (rank, world, device)
+
+    Used by train.py and eval.py alike. Call it before make_engine: in a process without a
+    group, vLLM would make its own.
+    """
+    if "RANK" not in os.environ:  # plain `python train.py`: a group of one
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", port))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def load_model(path):
+    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built.
+
+    The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
+    Built modules copy their dropout rate from the config at construction (Qwen2's attention
+    reads `attention_dropout` once), so zeroing the config afterwards would change nothing.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path)
+    for c in {id(c): c for c in (config, config.get_text_config())}.values():
+        for key, value in vars(c).items():
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+                setattr(c, key, 0.0)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32)
+    for m in model.modules():  # and any nn.Dropout the config does not name
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def load_policy(path, cfg, device, trainable=True):
+    """`load_model`, sharded with FSDP2: each decoder layer, then the root.
+
+    Master weights and gradient reduction stay fp32; the forward/backward run in `cfg.train_dtype`
+    (auto: bf16 on GPU, fp32 on CPU).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    model = load_model(path)
+    if cfg.activation_checkpointing and trainable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    compute = {"auto": "bfloat16" if device.type == "cuda" else "float32"}.get(cfg.train_dtype,
+                                                                                cfg.train_dtype)
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if compute == "bfloat16" else MixedPrecisionPolicy())
+    model.to(device)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    # The loss is already normalised by global counts, so rank gradients must be summed, not
+    # averaged (FSDP's default divides by the world size). Plain SUM: gloo has no PREMUL_SUM.
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    model.train(trainable)
+    if not trainable:
+        model.requires_grad_(False)
+    return model
 
 
 @dataclass
