@@ -9,13 +9,13 @@ The GPU config samples with vLLM in bf16 (`dtype: bfloat16`) and trains with FSD
 the sampler's weights, so the log-probs should agree up to numerics. For each model this bench
 samples one fixed batch (generate seed 1234) with vLLM (in-process, rollout.make_engine) in float32 and in
 bfloat16, then recomputes the log-probs of the very same responses with the trainer's code
-(train.response_logprobs over train.micro_batches/collate, share_prompt=False as under the GPU
+(tepo.response_logprobs over train.micro_batches/collate, share_prompt=False as under the GPU
 config's activation checkpointing) in four trainer modes:
-  fp32          train.load_policy, FSDP2 over a 1-rank gloo group, train_dtype float32
-  bf16-fsdp2    train.load_policy with train_dtype bfloat16: MixedPrecisionPolicy(param bf16,
+  fp32          policy.load_policy, FSDP2 over a 1-rank gloo group, train_dtype float32
+  bf16-fsdp2    policy.load_policy with train_dtype bfloat16: MixedPrecisionPolicy(param bf16,
                 reduce fp32), the GPU path (falls back to autocast, printing the error, if it fails)
-  bf16-autocast train.load_model (fp32 weights) under torch.autocast("cpu", bfloat16)
-  bf16-weights  train.load_model cast to bfloat16 (what vLLM's bf16 engine holds)
+  bf16-autocast policy.load_model (fp32 weights) under torch.autocast("cpu", bfloat16)
+  bf16-weights  policy.load_model cast to bfloat16 (what vLLM's bf16 engine holds)
 Per token, d = logp_trainer - logp_sampler: mean |d|, p99 |d|, max |d|, mean d, and the k3 KL
 estimate mean(exp(d) - d - 1) (tepo.kl_estimate; GRPO's estimator, >= 0); per sequence, |mean of
 d over its tokens| (mean and max): the log of GSPO/TEPO's sequence ratio if the sampler's
@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import torch  # noqa: E402
 
+import policy  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 import train  # noqa: E402
@@ -66,10 +67,10 @@ def sample(model_dir, prompts, dtype, args):
                            temperature=args.temperature, seed=1234)
     dt = time.time() - t0
     engine.close()
-    seqs = [{"gid": g, "prompt": s.prompt_ids, "resp": s.response_ids, "adv": 0.0,
-             "sampler": torch.tensor(s.logprobs, dtype=torch.float32)}
+    seqs = [train.Sequence(g, s.prompt_ids, s.response_ids, 0.0, True,
+                           rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32))
             for g, group in enumerate(outs) for s in group if s.response_ids]
-    print(f"  sampled {len(seqs)} responses in {dtype} ({sum(len(s['resp']) for s in seqs)} "
+    print(f"  sampled {len(seqs)} responses in {dtype} ({sum(len(s.resp) for s in seqs)} "
           f"tokens, {dt:.1f} s)", flush=True)
     return seqs
 
@@ -77,19 +78,19 @@ def sample(model_dir, prompts, dtype, args):
 def trainer_models(model_dir, temperature):
     """{mode: (model, autocast?)}: the four trainer modes of the docstring."""
     base = dict(model=model_dir, train_data="unused", temperature=temperature)
-    out = {"fp32": (train.load_policy(model_dir, train.Config(**base, train_dtype="float32"),
+    out = {"fp32": (policy.load_policy(model_dir, train.Config(**base, train_dtype="float32"),
                                       torch.device("cpu"), trainable=True), False)}
     try:
-        m = train.load_policy(model_dir, train.Config(**base, train_dtype="bfloat16"),
+        m = policy.load_policy(model_dir, train.Config(**base, train_dtype="bfloat16"),
                               torch.device("cpu"), trainable=True)
         probe = {"prompt": torch.zeros(1, 2, dtype=torch.long), "resp": torch.zeros(2, 3, dtype=torch.long)}
-        train.response_logprobs(m, probe, temperature, False, False)[0].sum().backward()
+        tepo.response_logprobs(m, probe, temperature, False, False)[0].sum().backward()
         m.zero_grad(set_to_none=True)
         out["bf16-fsdp2"] = (m, False)
     except Exception as e:  # noqa: BLE001 - reported, then the autocast fallback is the bf16 path
         print(f"  bf16 FSDP2 mixed precision FAILED on CPU/gloo: {type(e).__name__}: {e}")
-    out["bf16-autocast"] = (train.load_model(model_dir), True)
-    out["bf16-weights"] = (train.load_model(model_dir).to(torch.bfloat16), False)
+    out["bf16-autocast"] = (policy.load_model(model_dir), True)
+    out["bf16-weights"] = (policy.load_model(model_dir).to(torch.bfloat16), False)
     return out
 
 
@@ -98,10 +99,10 @@ def trainer_logprobs(model, autocast, seqs, args, grad=False):
     for mb in train.micro_batches(seqs, args.micro_batch_tokens):
         batch = train.collate(mb, "cpu")
         with torch.set_grad_enabled(grad), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-            logp, _ = train.response_logprobs(model, batch, args.temperature, False,
-                                              share_prompt=False)
+            logp, _ = tepo.response_logprobs(model, batch, args.temperature, False,
+                                             share_prompt=False)
         for b, s in enumerate(mb):
-            out[id(s)] = logp[b, :len(s["resp"])].detach().float()
+            out[id(s)] = logp[b, :len(s.resp)].detach().float()
     return torch.cat([out[id(s)] for s in seqs])
 
 
@@ -124,7 +125,7 @@ def run_case(name, model_dir, prompts, args):
     models = trainer_models(model_dir, args.temperature)
     rows = []
     for sdt, seqs in batches.items():
-        ref, lengths = torch.cat([s["sampler"] for s in seqs]), [len(s["resp"]) for s in seqs]
+        ref, lengths = torch.cat([s.rollout_logp for s in seqs]), [len(s.resp) for s in seqs]
         for mode, (model, ac) in models.items():
             rows.append((f"vLLM {sdt}", mode, len(ref),
                          stats(trainer_logprobs(model, ac, seqs, args), ref, lengths)))
@@ -139,7 +140,7 @@ def run_case(name, model_dir, prompts, args):
     for mode, (model, ac) in models.items():
         old = trainer_logprobs(model, ac, seqs, args)
         new = trainer_logprobs(model, ac, seqs, args, grad=True)
-        print(f"{mode:<15}{len(old):>7} {stats(new, old, [len(s['resp']) for s in seqs])}")
+        print(f"{mode:<15}{len(old):>7} {stats(new, old, [len(s.resp) for s in seqs])}")
     for model, _ in models.values():
         del model
 
@@ -244,7 +245,7 @@ def main():
     if args.no_sampler:
         return
     torch.manual_seed(0)
-    rollout.setup_distributed()  # a 1-rank gloo group, before vLLM (which would make its own)
+    policy.setup_distributed()  # a 1-rank gloo group, before vLLM (which would make its own)
     from transformers import AutoTokenizer
     if os.path.isdir(args.demo_model):
         from demo import DEMO_TEMPLATE
