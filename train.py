@@ -294,6 +294,8 @@ def sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t,
     due; stop the run after more than max_bad_steps non-finite updates in a row. -> the record"""
     cfg, state = run.cfg, run.state
     t0 = time.perf_counter()
+    if run.device.type == "cuda":  # hand the update's cached blocks back before the engine wakes:
+        torch.cuda.empty_cache()   # vLLM's wake-up allocates outside PyTorch's caching allocator
     run.engine.wake()
     if updated:
         run.engine.update_weights(full_weights(run.model))
