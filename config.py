@@ -60,7 +60,7 @@ class Config:
 
     def __post_init__(self):
         self.loss_cfg = tepo.LossConfig.preset(self.method, **{
-            "max_response_len": self.max_new_tokens, **self.loss})
+            "max_new_tokens": self.max_new_tokens, **self.loss})
         self.share_prompt = not self.activation_checkpointing  # see tepo.response_logprobs
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.method == "dapo"

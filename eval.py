@@ -2,7 +2,7 @@
 
     python eval.py --ckpt runs/tepo/step_000200 --data-dir ../shared/data \\
         [--benchmarks math500,aime24,...] [--data FILE ...] [--n 16] [--temperature 0.6]
-        [--top-p 0.95] [--max-tokens N] [--k 1,8,16] [--greedy] [--seed 0] [--out results.json]
+        [--top-p 0.95] [--max-new-tokens N] [--k 1,8,16] [--greedy] [--seed 0] [--out results.json]
     torchrun --nproc_per_node 8 eval.py --ckpt ... -n 16  # problems sharded over ranks; write
                                                           # -n (torchrun takes --n for its own)
 
@@ -10,7 +10,7 @@ Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (def
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
 BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is data.build_prompt with
 the checkpoint's own `prompt_template` (from train_config.yaml, which train.py writes into every
-checkpoint), so a checkpoint is evaluated the way it was trained; --max-tokens defaults to its
+checkpoint), so a checkpoint is evaluated the way it was trained; --max-new-tokens defaults to its
 `max_new_tokens` (else 4096). Prompt plus response never exceed the model's context
 (`max_position_embeddings`): a response that hits it counts as truncated, and a problem whose prompt
 alone fills it gets n empty, wrong samples (counted as `prompt_too_long`), so the denominator stays
@@ -186,7 +186,7 @@ def parse_args(argv=None):
                     help="samples per problem (default 16; 1 with --greedy)")
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--max-tokens", type=int,
+    ap.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int,
                     help="response budget (default: the checkpoint's max_new_tokens, else 4096)")
     ap.add_argument("--k", help="comma-separated k of pass@k and maj@k (default: 1,8,16 up to n, "
                                 "and n)")
@@ -240,9 +240,9 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"--k {bad}: every k must be between 1 and n = {args.n} (samples per problem)")
     args.ks = sorted(set(ks))
-    args.max_tokens = args.max_tokens or cfg.get("max_new_tokens") or 4096
-    if args.max_tokens < 1:
-        ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    args.max_new_tokens = args.max_new_tokens or cfg.get("max_new_tokens") or 4096
+    if args.max_new_tokens < 1:
+        ap.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     template = args.prompt_template if args.prompt_template is not None else \
         cfg.get("prompt_template")
     if template is not None and template != "default" and "{problem}" not in template:
@@ -289,7 +289,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
         fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
         t = time.time()
         outs = dict(zip(fits, engine.generate(
-            [prompt_ids[i] for i in fits], n=args.n, max_tokens=args.max_tokens,
+            [prompt_ids[i] for i in fits], n=args.n, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p,
             seed=chunk_seed(args.seed, name, c)))) if fits else {}
         clock["generate_s"] += time.time() - t
@@ -347,8 +347,8 @@ def main(argv=None):
                for name, rows in problems.items()}  # tokenized as rollout tokenizes a text prompt
     context = context_length(args.ckpt)
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    max_model_len = longest + args.max_tokens if context is None else \
-        min(context, longest + args.max_tokens)
+    max_model_len = longest + args.max_new_tokens if context is None else \
+        min(context, longest + args.max_new_tokens)
     engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
                                  max_model_len=max_model_len, seed=args.seed)
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
@@ -373,7 +373,7 @@ def main(argv=None):
     samples_path = os.path.splitext(args.out)[0] + "_samples.jsonl"
     out = {"ckpt": os.path.abspath(args.ckpt), "benchmarks": results,
            "config": {"n": args.n, "k": args.ks, "temperature": args.temperature,
-                      "top_p": args.top_p, "max_tokens": args.max_tokens,
+                      "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
                       "max_model_len": max_model_len, "greedy": args.greedy, "seed": args.seed,
                       "prompt_template": args.template, "backend": args.backend,
                       "chunk_size": args.chunk_size, "world_size": world,

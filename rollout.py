@@ -1,7 +1,7 @@
 """Rollout: sampling responses with vLLM in the trainer's own process (transformers as fallback).
 
 `make_engine(model_dir, backend="vllm" | "hf")` returns an engine with `generate(prompts, n,
-max_tokens, temperature, top_p, seed)` -> one list of n `Sample`s per prompt, `update_weights(
+max_new_tokens, temperature, top_p, seed)` -> one list of n `Sample`s per prompt, `update_weights(
 named_tensors)`, `sleep()`, `wake()` and `close()`. No inference server: every rank builds its own
 engine (vLLM in-process, tensor parallel 1, joined to the trainer's process group under torchrun)
 and samples its own share of the prompts; weights go from FSDP2 into it in place.
@@ -45,7 +45,7 @@ class Sample:
     response_ids: list[int]
     text: str
     logprobs: list[float]
-    finish_reason: str  # "stop" (EOS produced) or "length" (max_tokens or max_model_len hit)
+    finish_reason: str  # "stop" (EOS produced) or "length" (max_new_tokens or max_model_len hit)
 
 
 BACKENDS = ("vllm", "hf")
@@ -183,14 +183,14 @@ def _request_seed(seed, index):
     return int.from_bytes(digest, "little") % (2**31 - 2**16)
 
 
-def _check_generate_args(prompts, n, max_tokens, temperature, top_p):
+def _check_generate_args(prompts, n, max_new_tokens, temperature, top_p):
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of strings or of token-id lists, got "
                         f"{type(prompts).__name__}")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive int, got {max_tokens!r}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0 and n > 1:
@@ -311,7 +311,7 @@ class VLLMEngine:
         self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                  "tie_word_embeddings", False))
 
-    def generate(self, prompts, n=1, max_tokens=256, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
 
         Seeding: prompt i of a call is sampled from its own stream hash(seed, i) (vLLM's
@@ -321,7 +321,7 @@ class VLLMEngine:
         a fresh, reproducible stream per call from the engine's seed.
         """
         from vllm import SamplingParams
-        _check_generate_args(prompts, n, max_tokens, temperature, top_p)
+        _check_generate_args(prompts, n, max_new_tokens, temperature, top_p)
         ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
         if not ids:
             return []
@@ -329,7 +329,7 @@ class VLLMEngine:
             seed, self.calls = _request_seed(f"{self.seed}/call", self.calls), self.calls + 1
         params = [SamplingParams(
             n=n, temperature=temperature, top_p=top_p, seed=_request_seed(seed, i),
-            max_tokens=min(max_tokens, self.max_model_len - len(p)),
+            max_tokens=min(max_new_tokens, self.max_model_len - len(p)),  # vLLM's name
             stop_token_ids=self.stop_list,  # vLLM alone stops at generation_config's EOS only
             # logprobs=0: the sampled token's only (processed: see logprobs_mode above); flat:
             # one list per sample, not a dict per token; texts are decoded below in one batch.
@@ -440,9 +440,9 @@ class HFEngine:
         self.params = dict(self.model.named_parameters())
 
     @torch.no_grad()
-    def generate(self, prompts, n=1, max_tokens=256, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order."""
-        _check_generate_args(prompts, n, max_tokens, temperature, top_p)
+        _check_generate_args(prompts, n, max_new_tokens, temperature, top_p)
         ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
         if not ids:
             return []
@@ -455,13 +455,13 @@ class HFEngine:
         with torch.random.fork_rng(devices=devices), _torch_threads(self.threads):
             torch.manual_seed(_request_seed(seed, 0))
             for i in range(0, len(rows), self.batch_size):
-                samples += self._generate_batch(rows[i:i + self.batch_size], max_tokens,
+                samples += self._generate_batch(rows[i:i + self.batch_size], max_new_tokens,
                                                 temperature, top_p)
         groups = [samples[i * n:(i + 1) * n] for i in range(len(ids))]
         _decode_texts(self.tokenizer, groups)
         return groups
 
-    def _generate_batch(self, rows, max_tokens, temperature, top_p):
+    def _generate_batch(self, rows, max_new_tokens, temperature, top_p):
         """Sample one response per row of `rows` (B prompts of token ids) in one padded batch."""
         from transformers import GenerationConfig
         B, L = len(rows), max(len(p) for p in rows)
@@ -470,7 +470,7 @@ class HFEngine:
         for b, p in enumerate(rows):  # left padding: every prompt ends at column L-1
             input_ids[b, L - len(p):] = torch.tensor(p)
             mask[b, L - len(p):] = 1
-        limits = [min(max_tokens, self.max_model_len - len(p)) for p in rows]
+        limits = [min(max_new_tokens, self.max_model_len - len(p)) for p in rows]
         config = GenerationConfig(
             do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
             top_p=top_p, top_k=0,  # top_k=0: transformers would otherwise default to 50

@@ -174,7 +174,7 @@ class LossConfig:
     clip_low: float = 3e-4               # eps_low
     clip_high: float = 4e-4              # eps_high
     aggregation: str = "token-mean"
-    max_response_len: int = 0            # L_max of seq-mean-token-sum-norm (Dr.GRPO)
+    max_new_tokens: int = 0            # L_max of seq-mean-token-sum-norm (Dr.GRPO)
     adv_std_norm: bool = True            # divide advantages by the group std (Dr.GRPO: False)
     kl_coef: float = 0.0                 # beta of the KL-to-reference term (GRPO: 0.04)
     kl_kind: str = "k3"
@@ -210,8 +210,8 @@ class LossConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
-        if self.aggregation == "seq-mean-token-sum-norm" and self.max_response_len <= 0:
-            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_response_len > 0")
+        if self.aggregation == "seq-mean-token-sum-norm" and self.max_new_tokens <= 0:
+            raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_new_tokens > 0")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 <= 1 + clip_high, got "
                              f"{self.clip_low}, {self.clip_high}")
@@ -225,7 +225,7 @@ class LossConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def aggregate(x, mask, aggregation, *, num_tokens, num_seqs, max_response_len=0):
+def aggregate(x, mask, aggregation, *, num_tokens, num_seqs, max_new_tokens=0):
     """(B, T) per-token values -> scalar, normalised by the *global* counts of the mini-batch.
 
     Summing this over micro-batches (and ranks) gives the aggregate of the whole mini-batch,
@@ -237,7 +237,7 @@ def aggregate(x, mask, aggregation, *, num_tokens, num_seqs, max_response_len=0)
     if aggregation == "seq-mean-token-mean":
         return (total.sum(1) / mask.sum(1)).sum() / num_seqs
     if aggregation == "seq-mean-token-sum-norm":
-        return total.sum() / (num_seqs * max_response_len)
+        return total.sum() / (num_seqs * max_new_tokens)
     raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
 
 
@@ -281,7 +281,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
     mask = mask.to(logp.dtype)
     A = advantages.to(logp.dtype)[:, None]                     # (B, 1), broadcast over tokens
     log_r = logp - old_logp
-    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_response_len=cfg.max_response_len)
+    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_new_tokens=cfg.max_new_tokens)
 
     if cfg.ratio == "token":
         ratio = torch.exp(log_r)

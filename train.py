@@ -187,7 +187,7 @@ def sample_and_grade(run, step, t):
         state.data_pos += cfg.prompts_per_step
         t0 = time.perf_counter()
         outs = run.engine.generate([r["prompt"] for r in prompts], n=cfg.group_size,
-                                   max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                   max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                    top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, attempt, run.rank))
         t1 = time.perf_counter()
         new = []
@@ -515,7 +515,7 @@ def evaluate(run, step):
     """Held-out accuracy: mean correctness of eval_n samples per problem, over all ranks."""
     cfg, mine = run.cfg, run.eval_rows[run.rank::run.world]
     outs = run.engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
-                               max_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                               max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
     correct = sum(reward.math_reward(s.text, r["answer"]) >= 1.0
                   for r, group in zip(mine, outs) for s in group)

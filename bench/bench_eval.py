@@ -1,7 +1,7 @@
 """Benchmark eval.py: problems/s and generated tokens/s of a full MATH-500 run.
 
     PYTHONPATH=. python bench/bench_eval.py [--ckpt DIR] [--data math500.jsonl] [-n 4]
-        [--max-tokens 256] [--backend vllm]
+        [--max-new-tokens 256] [--backend vllm]
 
 Without --ckpt it makes a random tiny model of the demo's size (demo.DEMO_MODEL) in a temporary
 directory, with a 2048-token context instead of the demo's 512, so that every MATH-500 prompt
@@ -31,7 +31,7 @@ def main():
                                 "math500.jsonl")
     ap.add_argument("--data", default=default_data)
     ap.add_argument("-n", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--backend", default="vllm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-size", type=int, help="problems per generate call (eval's default)")
@@ -42,14 +42,14 @@ def main():
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
         t0 = time.time()
         out = ev.main(["--ckpt", ckpt, "--data", args.data, "-n", str(args.n),
-                       "--max-tokens", str(args.max_tokens), "--temperature", "1.0",
+                       "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1.0",
                        "--top-p", "1.0", "--backend", args.backend, "--seed", str(args.seed),
                        "--out", os.path.join(tmp, "results.json")] +
                       (["--chunk-size", str(args.chunk_size)] if args.chunk_size else []))
         wall = time.time() - t0
     (name, m), = out["benchmarks"].items()
     t = out["timing"]
-    print(f"\nbench_eval: {name}, {m['problems']} problems, n={args.n}, max_tokens={args.max_tokens}, "
+    print(f"\nbench_eval: {name}, {m['problems']} problems, n={args.n}, max_new_tokens={args.max_new_tokens}, "
           f"backend={args.backend}, chunk={out['config']['chunk_size']} problems/call")
     print(f"  generated tokens     {m['generated_tokens']} (mean {m['mean_response_tokens']:.0f} per "
           f"response, {100 * m['truncation_rate']:.0f}% truncated, {m['prompt_too_long']} prompts "

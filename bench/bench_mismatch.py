@@ -63,7 +63,7 @@ def sample(model_dir, prompts, dtype, args):
     engine = rollout.make_engine(model_dir, backend="vllm", dtype=dtype, seed=0,
                                  max_model_len=args.max_model_len)
     t0 = time.time()
-    outs = engine.generate(prompts, n=args.n, max_tokens=args.max_new_tokens,
+    outs = engine.generate(prompts, n=args.n, max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, seed=1234)
     dt = time.time() - t0
     engine.close()

@@ -34,10 +34,10 @@ def prompts(k):
             for i in range(k)]
 
 
-def timed_rollout(engine, k, n, max_tokens):
+def timed_rollout(engine, k, n, max_new_tokens):
     """(tokens generated, seconds) for k prompts x n samples."""
     t = time.perf_counter()
-    out = engine.generate(prompts(k), n=n, max_tokens=max_tokens, temperature=1.0, seed=0)
+    out = engine.generate(prompts(k), n=n, max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
     dt = time.perf_counter() - t
     return sum(len(s.response_ids) for g in out for s in g), dt
 
@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads while sampling")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--hf-batch-size", type=int, default=64, help="sequences per HF generate")
@@ -58,8 +58,8 @@ def main():
                            kv_heads=4, intermediate=1408, vocab_size=128, max_positions=2048)
     weights = load_file(os.path.join(path, "model.safetensors"))
     params = sum(t.numel() for t in weights.values())
-    max_len = 64 + args.max_tokens
-    k, n, m = args.prompts, args.n, args.max_tokens
+    max_len = 64 + args.max_new_tokens
+    k, n, m = args.prompts, args.n, args.max_new_tokens
     print(f"model {params / 1e6:.1f} M params, {k} prompts x {n} samples x <= {m} tokens, "
           f"sampling threads {args.threads}, cores {os.cpu_count()}; {load()}")
 
@@ -68,7 +68,7 @@ def main():
                                  threads=args.threads, enforce_eager=not args.compile)
     print(f"vLLM engine start (first in process, imports included): "
           f"{time.perf_counter() - t:.1f} s")
-    engine.generate(prompts(4), n=2, max_tokens=8)  # first-call effects out of the timing
+    engine.generate(prompts(4), n=2, max_new_tokens=8)  # first-call effects out of the timing
     tokens, dt = timed_rollout(engine, k, n, m)
     v_rate = tokens / dt
     print(f"vLLM: {tokens} tokens in {dt:.1f} s = {v_rate:,.0f} tokens/s; {load()}")
@@ -89,7 +89,7 @@ def main():
         hf = rollout.make_engine(path, backend="hf", max_model_len=max_len, seed=0,
                                  threads=args.threads, hf_batch_size=args.hf_batch_size)
         print(f"transformers engine start: {time.perf_counter() - t:.1f} s")
-        hf.generate(prompts(4), n=2, max_tokens=8)
+        hf.generate(prompts(4), n=2, max_new_tokens=8)
         tokens, dt = timed_rollout(hf, k, n, m)
         print(f"transformers generate: {tokens} tokens in {dt:.1f} s = {tokens / dt:,.0f} "
               f"tokens/s; {load()}")
@@ -102,7 +102,7 @@ def main():
     engine = rollout.make_engine(small, backend="vllm", max_model_len=256, seed=0,
                                  threads=args.threads, enforce_eager=not args.compile)
     print(f"vLLM engine start (17.8 M model, second in process): {time.perf_counter() - t:.1f} s")
-    engine.generate(prompts(4), n=2, max_tokens=8)
+    engine.generate(prompts(4), n=2, max_new_tokens=8)
     tokens, dt = timed_rollout(engine, 8, 8, 128)
     print(f"vLLM 17.8 M model, 8 prompts x 8 x <= 128: {tokens} tokens in {dt:.2f} s = "
           f"{tokens / dt:,.0f} tokens/s; {load()}")

@@ -124,11 +124,11 @@ def test_cli_defaults_and_checkpoint_settings(fake_ckpt):
                        "-n", "4"])
     assert a.files == {"math500": f"{data}/math500.jsonl", "minerva": f"{data}/minerva_math.jsonl",
                        "mine": f"{data}/mine.jsonl"}
-    assert a.ks == [1, 4] and a.template == "P {problem}" and a.max_tokens == 77
+    assert a.ks == [1, 4] and a.template == "P {problem}" and a.max_new_tokens == 77
     assert a.chunk_size == 256 and a.temperature == 0.6 and a.top_p == 0.95
     a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500", "--greedy",
-                       "--prompt-template", "default", "--max-tokens", "9"])
-    assert (a.n, a.temperature, a.ks, a.template, a.max_tokens) == (1, 0.0, [1], None, 9)
+                       "--prompt-template", "default", "--max-new-tokens", "9"])
+    assert (a.n, a.temperature, a.ks, a.template, a.max_new_tokens) == (1, 0.0, [1], None, 9)
     a = ev.parse_args(["--ckpt", ckpt, "--data", f"{data}/mine.jsonl", "--n", "16", "--k", "8,1"])
     assert a.files == {"mine": f"{data}/mine.jsonl"} and a.ks == [1, 8] and a.n == 16
     assert a.out == os.path.join(ckpt, "eval", "results.json")
@@ -229,7 +229,7 @@ def test_end_to_end_results_agree_with_a_regrade_of_the_samples(setup, run0):
     result, saved, out = run0
     assert saved == json.loads(json.dumps(result))
     cfg = saved["config"]
-    assert cfg["prompt_template"] == TEMPLATE and cfg["max_tokens"] == 24    # the checkpoint's
+    assert cfg["prompt_template"] == TEMPLATE and cfg["max_new_tokens"] == 24    # the checkpoint's
     assert cfg["n"] == 4 and cfg["k"] == [1, 2, 4] and cfg["max_model_len"] == 256
     m = saved["benchmarks"]["fx"]
     for key in ["problems", "n", "accuracy", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2",
@@ -281,7 +281,7 @@ def test_end_to_end_results_agree_with_a_regrade_of_the_samples(setup, run0):
     assert m["mean_response_tokens"] == pytest.approx(sum(s["tokens"] for s in gen) / len(gen))
     assert m["truncation_rate"] == pytest.approx(
         sum(s["finish_reason"] == "length" for s in gen) / len(gen))
-    capped = [s for s in gen if s["index"] == CAPPED]  # the context, not max_tokens, cut them
+    capped = [s for s in gen if s["index"] == CAPPED]  # the context, not max_new_tokens, cut them
     assert 0 < m["truncation_rate"] < 1
     assert all(s["tokens"] == 5 and s["finish_reason"] == "length" for s in capped)
     assert all(s["tokens"] <= 24 and (s["tokens"] == 24) == (s["finish_reason"] == "length")

@@ -68,7 +68,7 @@ def test_gpu_config_runs_resumes_and_evaluates(method, qwen_model, tmp_path):
 
     results = tmp_path / "eval" / "results.json"
     subprocess.run([sys.executable, "eval.py", "--ckpt", str(out_dir / "final"), "--data", str(evals),
-                    "-n", "2", "--max-tokens", "16", "--out", str(results)],
+                    "-n", "2", "--max-new-tokens", "16", "--out", str(results)],
                    cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
     got = json.load(open(results))["benchmarks"]["math500_slice"]
     assert got["problems"] == 6 and got["n"] == 2 and got["prompt_too_long"] == 0

@@ -61,7 +61,7 @@ def test_engines_sample_what_the_config_says_whatever_the_checkpoint_ships(tmp_p
         json.dump(SHIPPED, f)
     engine = rollout.make_engine(path, backend=backend, dtype="float32", max_model_len=96, seed=0)
     try:
-        groups = engine.generate(["abc 12+7=", "what is 3*3"], n=4, max_tokens=24, temperature=1.0,
+        groups = engine.generate(["abc 12+7=", "what is 3*3"], n=4, max_new_tokens=24, temperature=1.0,
                                  top_p=1.0, seed=1)
     finally:
         engine.close()
@@ -100,7 +100,7 @@ def test_loss_keys_are_typed_and_named():
     assert cfg.loss_cfg.clip_high == 5e-4 and isinstance(cfg.loss_cfg.kl_mask_coef, float)
     for bad, message in [("loss.clip_high=abc", "'loss.clip_high' must be a number"),
                          ("loss.kl_mask=3", "'loss.kl_mask' must be true or false"),
-                         ("loss.max_response_len=1.5", "'loss.max_response_len' must be an integer"),
+                         ("loss.max_new_tokens=1.5", "'loss.max_new_tokens' must be an integer"),
                          ("loss.aggregation=5", "'loss.aggregation' must be a str"),
                          ("loss=7", "'loss' must be a mapping")]:
         with pytest.raises(ValueError, match=message):
@@ -203,7 +203,7 @@ def test_a_model_that_closes_its_turn_gives_one_token_responses(im_end_model, ba
     engine = rollout.make_engine(im_end_model, backend=backend, dtype="float32",
                                  max_model_len=256, seed=0)
     try:
-        groups = engine.generate(prompts, n=3, max_tokens=64, temperature=1.0, top_p=1.0, seed=0)
+        groups = engine.generate(prompts, n=3, max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0)
     finally:
         engine.close()
     for s in (s for g in groups for s in g):
@@ -218,7 +218,7 @@ def test_eval_stops_at_the_end_of_turn(im_end_model, tmp_path):
     bench = tmp_path / "b.jsonl"
     bench.write_text("".join(json.dumps({"problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n"
                              for i in range(3)))
-    out = ev.main(["--ckpt", im_end_model, "--data", str(bench), "-n", "2", "--max-tokens", "32",
+    out = ev.main(["--ckpt", im_end_model, "--data", str(bench), "-n", "2", "--max-new-tokens", "32",
                    "--temperature", "1.0", "--top-p", "1.0", "--out", str(tmp_path / "r.json")])
     got = out["benchmarks"]["b"]
     assert got["mean_response_tokens"] == 1 and got["truncation_rate"] == 0

@@ -63,14 +63,14 @@ def max_logprob_error(model, groups, temperature):
 def test_logprobs_match_transformers(engine, reference):
     prompts = ["12+34=", "The cat", "12+34="]
     for temperature in (1.0, 0.7):
-        out = engine.generate(prompts, n=4, max_tokens=24, temperature=temperature, seed=1)
+        out = engine.generate(prompts, n=4, max_new_tokens=24, temperature=temperature, seed=1)
         assert max_logprob_error(reference, out, temperature) < TOL
     # ... and they are of the tempered distribution, not of the raw logits (vLLM's default).
     assert max_logprob_error(reference, out, 1.0) > 1e-2
 
 
 def test_greedy_follows_the_argmax(engine, reference):
-    out = engine.generate(["12+34=", "abc"], n=1, max_tokens=16, temperature=0.0)
+    out = engine.generate(["12+34=", "abc"], n=1, max_new_tokens=16, temperature=0.0)
     for g in out:
         s = g[0]
         logits = reference_logits(reference, s)
@@ -81,7 +81,7 @@ def test_greedy_follows_the_argmax(engine, reference):
 
 def test_top_p_logprobs_are_of_the_nucleus(engine, reference):
     top_p, temperature = 0.6, 1.0
-    out = engine.generate(["12+34=", "xyz"], n=4, max_tokens=16, temperature=temperature,
+    out = engine.generate(["12+34=", "xyz"], n=4, max_new_tokens=16, temperature=temperature,
                           top_p=top_p, seed=3)
     for g in out:
         for s in g:
@@ -114,16 +114,16 @@ def test_update_weights_follows_the_trainer(engine, reference, tiny_model_dir):
     assert "lm_head.weight" in trainer.state_dict()
     # A prompt longer than a KV block: vLLM caches its prefix, which the update must invalidate.
     prompts = ["12+34=", "The cat " * 18]
-    engine.generate(prompts, n=4, max_tokens=4, seed=2)
+    engine.generate(prompts, n=4, max_new_tokens=4, seed=2)
 
     engine.update_weights((name, t) for name, t in trainer.state_dict().items())
-    out = engine.generate(prompts, n=4, max_tokens=24, temperature=1.0, seed=2)
+    out = engine.generate(prompts, n=4, max_new_tokens=24, temperature=1.0, seed=2)
     assert max_logprob_error(trainer, out, 1.0) < TOL
     assert max_logprob_error(reference, out, 1.0) > 1e-2  # no longer the start-up weights
 
     # Back to the start (other tests share this engine); this checks the round trip too.
     engine.update_weights(iter(original.items()))
-    out = engine.generate(["12+34="], n=4, max_tokens=24, temperature=1.0, seed=2)
+    out = engine.generate(["12+34="], n=4, max_new_tokens=24, temperature=1.0, seed=2)
     assert max_logprob_error(reference, out, 1.0) < TOL
 
 
@@ -134,9 +134,9 @@ def test_update_weights_rejects_an_unknown_name(engine):
 
 def test_same_seed_same_samples_and_the_n_samples_differ(engine):
     prompts = ["abc", "abc", "12+34="]
-    a = engine.generate(prompts, n=4, max_tokens=20, seed=7)
-    b = engine.generate(prompts, n=4, max_tokens=20, seed=7)
-    c = engine.generate(prompts, n=4, max_tokens=20, seed=8)
+    a = engine.generate(prompts, n=4, max_new_tokens=20, seed=7)
+    b = engine.generate(prompts, n=4, max_new_tokens=20, seed=7)
+    c = engine.generate(prompts, n=4, max_new_tokens=20, seed=8)
     ids = lambda out: [[s.response_ids for s in g] for g in out]  # noqa: E731
     assert ids(a) == ids(b)
     assert [[s.logprobs for s in g] for g in a] == [[s.logprobs for s in g] for g in b]
@@ -145,15 +145,15 @@ def test_same_seed_same_samples_and_the_n_samples_differ(engine):
         assert len({tuple(r) for r in g}) == 4  # the n samples of a prompt differ
     assert ids(a)[0] != ids(a)[1]  # and so do equal prompts at different positions
     # seed=None: a new stream per call.
-    assert ids(engine.generate(prompts, n=4, max_tokens=20)) != \
-        ids(engine.generate(prompts, n=4, max_tokens=20))
+    assert ids(engine.generate(prompts, n=4, max_new_tokens=20)) != \
+        ids(engine.generate(prompts, n=4, max_new_tokens=20))
 
 
 def test_n_samples_in_prompt_order_and_finish_reasons(engine, tokenizer):
     """Random weights put ~1/128 of the mass on EOS, so over 64 samples of 40 tokens some stop."""
     eos = tokenizer.eos_token_id
     prompts = ["a", "bb", "ccc", "dddd"]
-    out = engine.generate(prompts, n=16, max_tokens=40, temperature=1.0, seed=5)
+    out = engine.generate(prompts, n=16, max_new_tokens=40, temperature=1.0, seed=5)
     assert len(out) == len(prompts)
     reasons = []
     for prompt, group in zip(prompts, out):
@@ -175,22 +175,22 @@ def test_n_samples_in_prompt_order_and_finish_reasons(engine, tokenizer):
 def test_a_call_larger_than_one_prefill_batch(engine):
     """~10k prompt tokens: more than vLLM prefills in one step (8192 on CPU), with seeds."""
     prompts = [f"{i:3d}" + "long prompt " * 14 for i in range(60)]
-    a = engine.generate(prompts, n=2, max_tokens=3, seed=4)
-    b = engine.generate(prompts, n=2, max_tokens=3, seed=4)
+    a = engine.generate(prompts, n=2, max_new_tokens=3, seed=4)
+    b = engine.generate(prompts, n=2, max_new_tokens=3, seed=4)
     assert [[s.response_ids for s in g] for g in a] == [[s.response_ids for s in g] for g in b]
 
 
 def test_token_id_prompts_and_max_model_len(engine, tokenizer):
     long_prompt = tokenizer("x" * (MAX_LEN - 5))["input_ids"]
-    out = engine.generate([long_prompt, [5, 6, 7]], n=2, max_tokens=40, seed=0)
+    out = engine.generate([long_prompt, [5, 6, 7]], n=2, max_new_tokens=40, seed=0)
     assert out[0][0].prompt_ids == long_prompt and out[1][0].prompt_ids == [5, 6, 7]
     for s in out[0]:  # only 5 positions are left in the context
         assert len(s.response_ids) <= 5
         assert s.finish_reason == ("stop" if s.response_ids[-1] == tokenizer.eos_token_id
                                    else "length")
     with pytest.raises(ValueError, match=f"prompt 1 has {MAX_LEN} tokens.*max_model_len={MAX_LEN}"):
-        engine.generate(["ok", "y" * MAX_LEN], n=1, max_tokens=4)
-    assert engine.generate([], n=2, max_tokens=4) == []
+        engine.generate(["ok", "y" * MAX_LEN], n=1, max_new_tokens=4)
+    assert engine.generate([], n=2, max_new_tokens=4) == []
 
 
 def test_bad_arguments_are_named(tmp_path, tiny_model_dir):
@@ -211,7 +211,7 @@ def test_the_trainers_threads_survive(engine):
     torch.set_num_threads(2)
     try:
         assert torch.get_num_threads() == 2
-        engine.generate(["abc"], n=2, max_tokens=8)
+        engine.generate(["abc"], n=2, max_new_tokens=8)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

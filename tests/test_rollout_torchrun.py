@@ -39,14 +39,14 @@ WORKER = textwrap.dedent('''
             assert sorted(os.sched_getaffinity(0)) == [cpus_before[rank]], os.sched_getaffinity(0)
         trainer = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         # Different amounts of work per rank: the engines must not wait for each other.
-        out = engine.generate([f"rank {rank}"] * (1 + 3 * rank), n=4, max_tokens=20 + 20 * rank,
+        out = engine.generate([f"rank {rank}"] * (1 + 3 * rank), n=4, max_new_tokens=20 + 20 * rank,
                               seed=0)
         assert max_error(trainer, out) < 1e-4, max_error(trainer, out)
         with torch.no_grad():
             for p in trainer.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         engine.update_weights((k, v) for k, v in trainer.state_dict().items())
-        out = engine.generate([f"rank {rank}"] * 2, n=4, max_tokens=20, seed=0)
+        out = engine.generate([f"rank {rank}"] * 2, n=4, max_new_tokens=20, seed=0)
         assert max_error(trainer, out) < 1e-4, max_error(trainer, out)
         total = torch.tensor([float(rank + 1)])
         dist.all_reduce(total)  # the trainer's group still works

@@ -175,7 +175,7 @@ def run_loss(d, cfg, logp=None, **kw):
                        rollout_logp=d["rollout"], **kw)
 
 
-CONFIGS = [LossConfig.preset(m, max_response_len=9) for m in METHODS] + [
+CONFIGS = [LossConfig.preset(m, max_new_tokens=9) for m in METHODS] + [
     LossConfig.preset("tepo", kl_mask_target="ref", tis=True, tis_cap=1.05),
     LossConfig.preset("grpo", aggregation="token-mean", kl_kind="k3", tis=True),
 ]
@@ -205,7 +205,7 @@ def test_gradient_at_theta_old(method):
     """At theta = theta_old every ratio is 1: d loss / d logp is -A_i over the normaliser."""
     d = make_batch(seed=5)
     d["ref"] = d["old"].clone()                              # KL-to-ref gradient is 0 there too
-    cfg = LossConfig.preset(method, max_response_len=9)
+    cfg = LossConfig.preset(method, max_new_tokens=9)
     logp = d["old"].clone().requires_grad_()
     loss, m = run_loss(d, cfg, logp=logp)
     loss.backward()
@@ -242,7 +242,7 @@ def test_pessimistically_clipped_tokens_get_no_gradient(method):
 def test_microbatches_sum_to_the_whole_batch(aggregation, ratio):
     d = make_batch(B=8, T=7, seed=11, spread=0.2)
     cfg = LossConfig(method="tepo", ratio=ratio, clip_low=0.1, clip_high=0.15,
-                     aggregation=aggregation, max_response_len=9, kl_coef=0.05, kl_mask=True,
+                     aggregation=aggregation, max_new_tokens=9, kl_coef=0.05, kl_mask=True,
                      tis=True)
     N, ntok = 8, d["mask"].sum()
     logp = d["logp"].clone().requires_grad_()
@@ -338,7 +338,7 @@ def test_bad_input_is_a_clear_error():
         LossConfig.preset("ppo")
     with pytest.raises(ValueError, match="unknown aggregation"):
         LossConfig(aggregation="sum")
-    with pytest.raises(ValueError, match="max_response_len"):
+    with pytest.raises(ValueError, match="max_new_tokens"):
         LossConfig.preset("drgrpo")
 
 
