@@ -1,0 +1,130 @@
+"""The grader's class tables: (gold, model answer or whole response, same answer?) rows, one table
+per class of misjudgement named in issue 14. Shared by tests/test_reward.py (every row must hold)
+and bench/bench_reward.py (agreement per class, for this grader and optionally for math-verify).
+
+Written by hand from the mathematics, in the shapes that model outputs and benchmark golds take
+(golds from ../shared/data: MATH-500, AIME, AMC, Minerva, OlympiadBench, GSM8K); the held-out pairs
+of the issue are not copied here. The non-equivalent rows matter as much as the equivalent ones:
+each class has some, and the last table collects the false positives the issue names.
+"""
+T, F = True, False
+
+CLASSES = {
+    # several boxes that together are the answer; an intermediate box before the final one
+    "boxes": [
+        ("2, 3", "The roots are $\\boxed{2}$ and $\\boxed{3}$.", T),
+        ("5, 7", "(a) The first part gives $\\boxed{5}$.\n\n(b) The second part gives $\\boxed{7}$.", T),
+        ("5, 7", "**Part (a):** $\\boxed{5}$\n\n**Part (b):** $\\boxed{7}$", T),
+        ("5, 7", "(a) $\\boxed{5}$\n(b) $\\boxed{8}$", F),
+        ("12", "First $x = \\boxed{3}$, so the area is $4x = \\boxed{12}$.", T),
+        ("3", "First $x = \\boxed{3}$, so the area is $4x = \\boxed{12}$.", F),
+        ("12", "We get $\\boxed{3}$ for $x$. Therefore, the final answer is $\\boxed{12}$.", T),
+        ("12", "The answer is $\\boxed{12}$.<|im_end|>\n<|im_start|>user\nNext: what is 2+3? \\boxed{5}", T),
+        ("5", "The answer is $\\boxed{12}$.<|im_end|>\n<|im_start|>user\nNext: what is 2+3? \\boxed{5}", F),
+        ("\\boxed{2} \\text{ and } \\boxed{3}", "2, 3", T),
+        ("3", "Maybe $\\boxed{2}$ or $\\boxed{3}$.", F),
+        ("(1, 2)", "$x = \\boxed{1}$ and $y = \\boxed{2}$, so the point is $\\boxed{(1, 2)}$.", T),
+    ],
+    # thousands separators, decimal commas, currency, units, percent words, degrees
+    "numbers": [
+        ("10455", "10,455", T), ("10455", "10,456", F), ("3.5", "3,5", T), ("0.75", "0,75", T),
+        ("3.5", "3,6", F), ("3.5", "3, 5", F), ("5.4", "\\$5.40", T), ("5.4", "$5.40", T),
+        ("5.4", "€5.40", T), ("5.4", "5,40 €", T), ("2000.5", "2,000.5 kg", T), ("2000.5", "2,000.6 kg", F),
+        ("0.4", "40 pct", T), ("40\\%", "40 percent", T), ("40\\%", "40 per cent", T), ("45", "45^\\circ", T),
+        ("45", "45 degrees", T), ("46", "45^\\circ", F), ("1000000", "1 000 000", T), ("2000", "2 000", T),
+        ("1234.5", "\\$1,234.50", T), ("18", "\\$18.00 dollars", T), ("7", "7 USD", T),
+    ],
+    # answers in prose in other languages
+    "languages": [
+        ("42", "Por lo tanto, la respuesta es 42.", T), ("42", "Por lo tanto, la respuesta es 41.", F),
+        ("42", "Donc, la réponse est 42.", T), ("42", "Die Antwort ist 42.", T),
+        ("42", "Итак, ответ: 42.", T), ("42", "因此，答案是 42。", T), ("42", "答案：$42$", T),
+        ("42", "La risposta è 42.", T), ("42", "A resposta é 42.", T), ("42", "答えは 42 です。", T),
+        ("12", "所以这个数是12", T), ("12", "所以这个数是13", F),
+        ("12", "On trouve donc que le nombre cherché est 12.", T),
+        ("\\frac{1}{2}", "La probabilidad es $\\frac{1}{2}$.", T),
+        ("\\frac{1}{2}", "La probabilidad es $\\frac{1}{3}$.", F),
+    ],
+    # the wrong span taken from prose
+    "prose": [
+        ("64", "Final Answer: the area is 64", T), ("64", "Final Answer: the area is 63", F),
+        ("34", "The largest $n$ is 34.", T), ("34", "The largest $n$ is 35.", F),
+        ("12", "**Answer:** 12", T), ("12", "**Answer**: 12", T), ("12", "**Final Answer**\n\n12", T),
+        ("12", "**Final Answer**\n$$12$$", T), ("12", "The answer is 12.<|im_end|>", T),
+        ("12", "Final answer: 12<|eot_id|><|start_header_id|>user<|end_header_id|>", T),
+        ("12", "\\boxed{12}</s>", T), ("12", "The answer is \\boxed 12<|im_end|>", T),
+        ("12", "So the answer is 12 (since $3 \\cdot 4 = 12$).", T),
+        ("8", "So the number of ways is $8$, and the probability is $\\frac{8}{36}$.", F),
+        ("\\frac{2}{9}", "So the number of ways is $8$, and the probability is $\\frac{8}{36}$.", T),
+        ("5", "Thus $x = 5$ and the answer follows.", T),
+    ],
+    # multiple-choice letters
+    "choices": [
+        ("C", "Ruling out A and D, the answer is C.", T), ("C", "Ruling out C and D, the answer is A.", F),
+        ("C", "ruling out A and D, we are left with (C).", T), ("(B)", "\\boxed{B}", T),
+        ("B", "\\boxed{\\textbf{(B)}}", T), ("C", "\\boxed{\\text{C}}", T), ("C", "The correct option is C.", T),
+        ("C", "The answer is C or D.", F), ("B", "I choose (B).", T), ("D", "**D**", T),
+        ("E", "$\\mathrm{(E)}$", T), ("A", "A", T), ("A", "(B)", F), ("C", "Answer: (C) $12$", T),
+        ("C", "Both A and C look right, but the answer is A.", F),
+    ],
+    # a labelled gold against the bare value, and the reverse
+    "labels": [
+        ("AB:CD = 2:5", "2:5", T), ("2:5", "AB:CD = 2:5", T), ("AB:CD = 2:5", "5:2", F),
+        ("|z| = 2", "2", T), ("2", "|z| = 2", T), ("|z| = 2", "3", F),
+        ("V_1 : V_2 = 11 : 21", "11:21", T), ("V_1 : V_2 = 11 : 21", "11 : 20", F),
+        ("\\frac{AB}{CD} = \\frac{2}{5}", "\\frac{2}{5}", T), ("AB = 5", "5", T), ("a_n = 2n+1", "2n+1", T),
+        ("\\angle ABC = 40^\\circ", "40", T), ("m \\angle B = 40", "40^\\circ", T),
+        ("\\overline{AB} = 7", "7", T), ("f(3) = 7", "7", T), ("7", "f(3) = 7", T),
+        ("x = 3", "x = 4", F),
+    ],
+    # relations: \lt \gt \le \geq, flipped inequalities, chains and intervals
+    "relations": [
+        ("x < 4", "x \\lt 4", T), ("x > 4", "x \\gt 4", T), ("x \\le 4", "x \\leq 4", T),
+        ("x \\geq 4", "x \\ge 4", T), ("y < 4", "-y > -4", T), ("y < 4", "-y < -4", F),
+        ("x \\le 3", "3 \\ge x", T), ("x < 4", "x \\le 4", F), ("0 \\le t \\le 5", "t \\in [0, 5]", T),
+        ("0 \\le t \\le 5", "t \\in [0, 5)", F), ("-2 < x < 3", "x \\in (-2, 3)", T), ("x \\gt 2", "(2, \\infty)", T),
+        ("x < 2", "2x + 1 < 5", T), ("x < 2", "2x + 1 < 6", F), ("x \\ge -1", "-3x \\le 3", T),
+        ("(-\\infty, 4)", "-y > -4", T),
+    ],
+    # sets and lists
+    "sets": [
+        ("1, 2", "1; 2", T), ("1; 2; 3", "3, 2, 1", T), ("1; 2", "1; 3", F),
+        ("1, 2", "x = 1 or x = 2", T), ("x = 1 \\text{ or } x = 2", "x = 2, x = 1", T),
+        ("\\{1, 2, 2\\}", "\\{1, 2\\}", T), ("\\{1, 2\\}", "\\{1, 2, 2\\}", T), ("\\{1, 2\\}", "\\{1, 2, 3\\}", F),
+        ("(10, 4, -2)", "(4, 10, -2)", F), ("(10, 4, -2)", "(10, 4, -2)", T),
+        ("x = 10, y = 4, z = -2", "(10, 4, -2)", T), ("x = 10, y = 4, z = -2", "(4, 10, -2)", F),
+        ("\\{-1, 3\\}", "x = 3 \\text{ or } x = -1", T),
+    ],
+    # doubled backslashes (JSON or prompt escaping), in the gold or in the answer
+    "escaped": [
+        ("\\\\frac{1}{2}", "0.5", T), ("\\frac{1}{2}", "\\\\frac{1}{2}", T), ("\\\\frac{1}{2}", "\\\\frac{1}{3}", F),
+        ("\\\\sqrt{2}", "\\sqrt{2}", T), ("\\\\{1, 2\\\\}", "\\{2, 1\\}", T),
+        ("0.75", "The answer is \\\\boxed{\\\\frac{3}{4}}.", T), ("\\\\text{(B)}", "B", T),
+        ("\\\\pi", "3.14159", T), ("90^\\\\circ", "90", T), ("\\\\frac{\\\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", T),
+        ("\\\\begin{pmatrix} 1 \\\\\\\\ 2 \\\\end{pmatrix}", "(1, 2)", T), ("\\\\sqrt{2}", "\\sqrt{3}", F),
+    ],
+    # matrices: pmatrix / bmatrix, an unevaluated sum, entries rounded in the gold
+    "matrices": [
+        ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}", T),
+        ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{bmatrix} 1 & 3 \\\\ 2 & 4 \\end{bmatrix}", F),
+        ("\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}",
+         "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix} + \\begin{pmatrix} 3 \\\\ 4 \\end{pmatrix}", T),
+        ("\\begin{pmatrix} 4 \\\\ 7 \\end{pmatrix}",
+         "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix} + \\begin{pmatrix} 3 \\\\ 4 \\end{pmatrix}", F),
+        ("\\begin{pmatrix} 2 \\\\ 4 \\end{pmatrix}", "2\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", T),
+        ("\\begin{pmatrix} -2 \\\\ 2 \\end{pmatrix}",
+         "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix} - \\begin{pmatrix} 3 \\\\ 0 \\end{pmatrix}", T),
+        ("\\begin{pmatrix} 0.33 & 0.67 \\end{pmatrix}", "\\begin{pmatrix} 1/3 & 2/3 \\end{pmatrix}", T),
+        ("\\begin{pmatrix} 0.33 & 0.67 \\end{pmatrix}", "\\begin{pmatrix} 1/3 & 3/4 \\end{pmatrix}", F),
+        ("\\mathbf{v} = \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", T),
+        ("\\left[\\begin{matrix} 1 & 0 \\\\ 0 & 1 \\end{matrix}\\right]",
+         "\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", T),
+    ],
+    # false positives: none of these may verify
+    "false_positives": [
+        ("2p + q", "5 = 2p + q", F), ("2p + q", "2p + q = 5", F), ("5", "5 = 2p + q", F),
+        ("f(2)", "f(3)", F), ("f(2) = 5", "f(3) = 5", F), ("123", "1\n2\n3", F), ("123", "1 2 3", F),
+        ("6", "1 2 3", F), ("12", "1\n\n2", F), ("x^2 + 1", "x^2 + 1 = 0", F), ("4", "x^2 = 4", F),
+        ("2p + q", "2p + q", T), ("5", "2 + 3 = 5", T),
+    ],
+}
