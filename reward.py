@@ -52,9 +52,33 @@ TIME_BUDGET = 1.0     # seconds for the slow path of one verify call
 
 # ----------------------------------------------------------------------------- extraction
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
-_ANSWER_IS = re.compile(r"(?i)\banswer\b[*\s]*(?:is\b|:)[\s:*]*")
+# "the answer is" / "answer:" / "**Final Answer**" on its own line, and the same in other languages
+# (a model trained on mixed data answers in the prompt's language); CJK words have no \b after them
+_ANSWER_IS = re.compile(
+    r"(?i)(?:\banswer\b[*\s]*(?:is\b|:)|\bfinal\s+answer\b[*]*[ \t]*(?=\n)"
+    r"|\brespuesta\s+(?:final\s+)?(?:es\b|:)|\bréponse\s+(?:finale\s+)?(?:est\b|:)"
+    r"|\bantwort\s+(?:ist|lautet)\b|\bantwort\s*:|\bответ\b\s*(?:равен\b|:)?|\brisposta\s+(?:è|e)\b"
+    r"|\bresposta\s+(?:é|e)\b|\brisposta\s*:|\bresposta\s*:|答案(?:是|为|為)?\s*[:：]?|答えは|정답은)[\s:*：]*")
 _JOIN_GAP = re.compile(r"[\s,;$]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
                        r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
+# a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
+_PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
+                   r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
+# the end of the model's turn: whatever follows (a new user turn, another answer) is not its answer
+_END_OF_TURN = re.compile(r"<\|(?:im_end|im_start|eot_id|endoftext|end|start_header_id|user|assistant)\|>"
+                          r"|</s>|<end_of_turn>|<start_of_turn>|\[/?INST\]")
+
+
+def _prepare(text):
+    """The text as the grader reads it: cut at the first end-of-turn marker (`<|im_end|>`...), and
+    with doubled backslashes undone when every command is written with two (`\\\\frac` from a JSON or
+    a prompt template; a matrix row break `\\\\` alone is left as it is)."""
+    if "<" in text or "[" in text:
+        parts = [x for x in _END_OF_TURN.split(text, maxsplit=20) if x.strip()]
+        text = parts[0] if parts else ""
+    if "\\\\" in text and re.search(r"\\\\[a-zA-Z]{2,}", text) and not re.search(r"(?<!\\)\\[a-zA-Z]{2,}", text):
+        text = text.replace("\\\\", "\\")
+    return text
 
 
 def _brace_map(s):
@@ -69,8 +93,9 @@ def _brace_map(s):
 
 
 def _last_boxed(s):
-    """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with boxes that
-    directly precede it (only commas, 'and', `$` between) joined by ', '; None if there is none."""
+    """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
+    belong with it joined by ', ': boxes directly before it (only commas, 'and', `$` between), or one
+    box per labelled part (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
     boxes, match = [], None
     for m in _BOXED.finditer(s):
         j = m.end()
@@ -87,8 +112,13 @@ def _last_boxed(s):
     if not boxes:
         return None
     parts, start = [boxes[-1][2]], boxes[-1][0]
+    labelled = [_PART.search(s, max(0, b[0] - 300) if k == 0 else max(boxes[k - 1][1], b[0] - 300), b[0])
+                for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [None] * len(boxes)
+    k = len(boxes) - 1
     for b0, b1, content in reversed(boxes[-20:-1]):
-        if b1 > start or not _JOIN_GAP.fullmatch(s[b1:start]):
+        k -= 1
+        part = labelled[k] and labelled[k + 1] and not (len(parts) > 1 and not labelled[k + 2])
+        if b1 > start or not (_JOIN_GAP.fullmatch(s[b1:start]) or part):
             break
         parts.append(content)
         start = b0
@@ -115,6 +145,40 @@ def _last_math(s):
     return best.strip() if best is not None else None
 
 
+# the end of the answer's sentence: a full stop, a new line, or a clause that explains it
+_SENTENCE_END = re.compile(r"\n|[.。](?:\s|$)|。|です|입니다|,?\s+(?:since|because|which|so|where|but|as)\b"
+                           r"|\s+\((?:since|because|as|by|from|using)\b")
+_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})|[^\W\d_a-zA-Z]")
+# the verb before a value in a sentence: "the area is 64", "le nombre est 12", "这个数是12"
+_IS = re.compile(r"(?i)(?:\b(?:is|are|was|equals|be|es|est|ist|è|é|равно|равен)\b|是|为|為)[\s*]*")
+# a sentence that ends in its number: "... est 12.", "所以这个数是12"
+_END_NUMBER = re.compile(r"(?:^|[\s:：是为為])(-?\d[\d,]*(?:\.\d+)?(?:\s*\\?%)?)\s*[.。!]?\s*$")
+
+
+def _from_prose(s):
+    """The value a sentence states: the math or number after its last 'is' / '=' ("The largest $n$ is
+    34." -> 34), else its last math span, else the number it ends with; s itself when it is not prose
+    or states none of these (a gold answer in words stays whole)."""
+    if not _PROSE.search("".join(s.replace("$$", "$").split("$")[0::2])):
+        return s
+    m = None
+    for m in _IS.finditer(s):
+        pass
+    if m is not None:
+        tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
+        if tail and (tail[0] == "$" or tail.startswith("\\(")):
+            math = _last_math(tail) or _math_spans(tail + "$")[:1]
+            if math and math[0].strip():
+                return math if isinstance(math, str) else math[0].strip()
+        if tail and not _PROSE.search(tail) and re.search(r"\d", tail):
+            return tail.strip("$ ")
+    math = _last_math(s)
+    if math is not None:
+        return math
+    end = _END_NUMBER.search(s[-200:])
+    return end.group(1) if end else s
+
+
 def _answer_is(s):
     """The value after the last 'answer is' / 'answer:' (a math span or the rest of the sentence)."""
     m = None
@@ -128,9 +192,8 @@ def _answer_is(s):
             j = rest.find(b, len(a))
             if j > len(a):
                 return rest[len(a):j].strip()
-    line = re.split(r"\n|\.(?:\s|$)|,?\s+(?:since|because|which|so|where|but)\b", rest, maxsplit=1)[0]
-    line = line.strip(" *.")
-    return line or None
+    line = _SENTENCE_END.split(rest, maxsplit=1)[0].strip(" *.")
+    return _from_prose(line).strip(" *.") if line else None
 
 
 def _hashes(s):
@@ -152,13 +215,15 @@ def extract_answer(text):
     """The final answer in `text`, or None if it has none.
 
     In order: the last \\boxed{...}/\\fbox{...} with balanced braces (also `\\boxed 5`; boxes in a
-    row such as `\\boxed{2}, \\boxed{3}` are joined), else the value after the last "(final) answer
-    is" / "answer:", else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\), \\[...\\]) span.
-    With a `<think>` block, the text after `</think>` is searched first, then the whole text.
+    row such as `\\boxed{2}, \\boxed{3}`, or one per labelled part, are joined), else the value after
+    the last "(final) answer is" / "answer:" (also in Spanish, French, German, Italian, Portuguese,
+    Russian, Chinese, Japanese, Korean), else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\),
+    \\[...\\]) span. The text ends at the first end-of-turn marker (`<|im_end|>`, `</s>`, ...). With a
+    `<think>` block, the text after `</think>` is searched first, then the whole text.
     """
     if not isinstance(text, str):
         raise TypeError(f"extract_answer expects a str, got {type(text).__name__}")
-    text = text[-MAX_TEXT:]
+    text = _prepare(text[-MAX_TEXT:])
     if "</think>" in text:
         ans = _extract(text.rsplit("</think>", 1)[1])
         if ans is not None:
@@ -166,21 +231,18 @@ def extract_answer(text):
     return _extract(text)
 
 
-_MARKERS = re.compile(r"(?i)\\boxed|\\fbox|answer|####|</think>")
-_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})")
+_MARKERS = re.compile(r"(?i)\\boxed|\\fbox|answer|####|</think>|respuesta|réponse|antwort|ответ|risposta|"
+                      r"resposta|答案|答え|정답")
 
 
 def _final_answer(s):
-    """What verify compares: the extracted answer of a solution text, or s itself if s is bare."""
+    """What verify compares: the extracted answer of a solution text; the value a prose sentence
+    states (see _from_prose); else s itself (a bare answer)."""
     if _MARKERS.search(s):
         ans = extract_answer(s)
         if ans is not None:
             return ans
-    if "$" in s or "\\(" in s or "\\[" in s:
-        outside = "".join(s.replace("$$", "$").split("$")[0::2])
-        if _PROSE.search(outside):  # prose with math in it: the last math span
-            return _last_math(s) or s
-    return s
+    return _from_prose(s)
 
 
 # ----------------------------------------------------------------------------- cleaning
@@ -638,6 +700,11 @@ def _equal(gold, pred, rtol):
 
 
 # ----------------------------------------------------------------------------- public API
+def _squeeze(s):
+    """s without `$` and spaces, except one space between two digits: `1 2 3` is not `123`."""
+    return re.sub(r"[\s$]", "", re.sub(r"(?<=\d)[\s$]+(?=\d)", "~", s))
+
+
 def verify(gold, pred, *, rel_tol=1e-4):
     """True when `pred` (the model's) denotes the same mathematical answer as `gold` (reference).
 
@@ -650,9 +717,9 @@ def verify(gold, pred, *, rel_tol=1e-4):
         if not isinstance(x, (str, int, float)) or isinstance(x, bool):
             raise TypeError(f"verify: {name} must be a str, got {type(x).__name__}")
     try:
-        gold, pred = str(gold)[-MAX_TEXT:], str(pred)[-MAX_TEXT:]
+        gold, pred = _prepare(str(gold)[-MAX_TEXT:]), _prepare(str(pred)[-MAX_TEXT:])
         short = max(len(gold), len(pred)) < MAX_ANSWER
-        if short and re.sub(r"[\s$]", "", gold) == re.sub(r"[\s$]", "", pred):
+        if short and _squeeze(gold) == _squeeze(pred):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
         return bool(_equal(_final_answer(gold), _final_answer(pred), rel_tol))
     except (Exception, _Timeout):
