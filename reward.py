@@ -269,13 +269,13 @@ _CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
     (r"(?<!\\)\\[,:;!> ]", " "), (r"\\q?quad" + _NB, ","),         # spacing; \quad separates answers
     (r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|mathstrut)" + _NB, ""),
     (r"\\[dtc]frac" + _NB, r"\\frac"), (r"\\[dt]binom" + _NB, r"\\binom"),
-    (r"\\(?:leqslant|leq|le)" + _NB + "|<=|≤", r" \\le "),
-    (r"\\(?:geqslant|geq|ge)" + _NB + "|>=|≥", r" \\ge "), (r"\\(?:neq|ne)" + _NB + "|!=", r" \\ne "),
+    (r"\\(?:leqslant|leqq|leq|le)" + _NB + "|<=|≤|⩽", r" \\le "), (r"\\lt" + _NB, " < "), (r"\\gt" + _NB, " > "),
+    (r"\\(?:geqslant|geqq|geq|ge)" + _NB + "|>=|≥|⩾", r" \\ge "), (r"\\(?:neq|ne)" + _NB + "|!=", r" \\ne "),
     (r"\\(?:varnothing|empty)" + _NB + r"|\\\{\s*\\\}", r"\\emptyset"),
     (r"\\langle" + _NB, "("), (r"\\rangle" + _NB, ")"), (r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime" + _NB, "'"),
     (r"\b(?:np|math|sp|sympy)\.", ""), (r"\\mathbb\s*\{?R\}?", r"(-\\infty,\\infty)"),
     (r"−", "-"), (r"×", r"\\times "), (r"·", r"\\cdot "), (r"π", r"\\pi "), (r"∞", r"\\infty "),
-    (r"√", r"\\sqrt"),
+    (r"√", r"\\sqrt"), (r"[€£¥₹]|\\(?:euro|pounds)" + _NB, " "),  # currency signs (`\$` goes in _clean)
 ]]
 
 
@@ -332,7 +332,7 @@ def _clean(s):
     s = _unwrap_text(s)
     s, deg = re.subn(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ" + _NB + r"|\\circ" + _NB + r"|°|\\degree" + _NB
                      + r"|\bdegrees?\s*$", " ", s)
-    s, pct = re.subn(r"\\?%|\bpercent\s*$", " ", s)
+    s, pct = re.subn(r"\\?%|\b(?:percent|per\s*cent|pct\.?)\s*$", " ", s)
     s = re.sub(r"\s+(?:and|or)\s+", ",", s)
     s = re.sub(r"\s+", " ", s).strip(" ,;:").rstrip(".")
     for _ in range(2):  # trailing unit words: `18 dollars`, `864 inches^2`, `3 m/s`, `4e33 ergs s^{-1}`
@@ -352,15 +352,16 @@ def _clean(s):
     if "\\approx" in s or "≈" in s:  # `x \approx 3.14` -> 3.14, `\frac{1}{3} \approx 0.33` -> \frac{1}{3}
         lhs, rhs = (x.strip() for x in re.split(r"\\approx|≈", s, maxsplit=1))
         s = rhs if not lhs or _SIMPLE_LHS.fullmatch(lhs) else lhs
-    if _THOUSANDS.fullmatch(s):  # only a lone number: in (3,331) or 2500,7500 commas separate
-        s = s.replace(",", "")
+    if _THOUSANDS.fullmatch(s) or re.fullmatch(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
+        s = s.replace(",", "").replace(" ", "")  # only a lone number: in (3,331) or 2500,7500 commas separate
+    s = s.replace(";", ",")  # `1; 2` lists answers as `1, 2` does
     s = re.sub(r",\s*,", ",", s).strip(" ,;:").rstrip(". ")
     return s, pct > 0, deg > 0
 
 
 def _key(s):
-    """The spaces-free string that is compared first."""
-    s = re.sub(r"([_^])([0-9a-zA-Z])", r"\1{\2}", re.sub(r"\s+", "", s))
+    """The spaces-free string that is compared first (digits apart stay apart: `1 2` is not `12`)."""
+    s = re.sub(r"([_^])([0-9a-zA-Z])", r"\1{\2}", re.sub(r"\s+", "", re.sub(r"(?<=\d)\s+(?=\d)", "~", s)))
     return re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
 
 
@@ -530,6 +531,24 @@ def _constant(s):
     return t is not None and not t[2]
 
 
+_NAME = r"(?:\\[a-zA-Z]+\s*\{[A-Za-z]+\}|\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
+# the label of a value: `|z|`, `AB:CD`, `V_1 : V_2`, `\frac{AB}{CD}` (besides _SIMPLE_LHS: x, f(3), a_n)
+_LABEL = re.compile(rf"\|{_NAME}\||{_NAME}(?:\s*[:/]\s*{_NAME})+|\\frac\{{{_NAME}\}}\{{{_NAME}\}}")
+
+
+def _stated_value(left, right):
+    """The value an equation `left = right` states, or None when it is an equation to keep whole:
+    `x = 5`, `|z| = 2`, `AB:CD = 2:5` state their right side, `2 + 3 = 5` too, and `5 = x` its left;
+    `5 = 2p + q` and `x + y = 5` are equations (their sides are not the answer)."""
+    if _SIMPLE_LHS.fullmatch(left) or _LABEL.fullmatch(left):
+        return right
+    if _constant(left):
+        if _SIMPLE_LHS.fullmatch(right) and not _constant(right):
+            return left
+        return right if _constant(right) else None
+    return None
+
+
 def _scalar_equal(g, p, ctx):
     gk, pk = _key(g), _key(p)
     if gk == pk:
@@ -541,17 +560,19 @@ def _scalar_equal(g, p, ctx):
         return g.lower().replace(" ", "") == p.lower().replace(" ", "")
     gl, gr = _split_eq(g)
     pl, pr = _split_eq(p)
-    # `x = 5` and `2 + 3 = 5` stand for their right side; `x + y = 5` is an equation
-    g_simple = gl is not None and (_SIMPLE_LHS.fullmatch(gl) or _constant(gl))
-    p_simple = pl is not None and (_SIMPLE_LHS.fullmatch(pl) or _constant(pl))
+    gv = _stated_value(gl, gr) if gl is not None else g
+    pv = _stated_value(pl, pr) if pl is not None else p
     if gl is not None and pl is not None:
-        if g_simple and p_simple and _key(gl) == _key(pl) and _value_equal(gr, pr, ctx):
+        if gv is not None and pv is not None and _key(gl) == _key(pl) and _scalar_equal(gr, pr, ctx):
             return True
         return _value_equal(f"{gl}-({gr})", f"{pl}-({pr})", ctx, ratio=True)
-    if gl is not None:
-        return bool(g_simple) and _value_equal(gr, p, ctx)
-    if pl is not None:
-        return bool(p_simple) and _value_equal(g, pr, ctx)
+    if gv is None or pv is None:
+        return False
+    if gl is not None or pl is not None:
+        return _scalar_equal(gv, pv, ctx)
+    gs, ps = _split_top(g, ":"), _split_top(p, ":")
+    if len(gs) > 1 or len(ps) > 1:  # ratios (and times: 5:00 is not 6:00) part by part; 3:4 is no fraction
+        return len(gs) == len(ps) and all(_value_equal(a, b, ctx) for a, b in zip(gs, ps))
     return _value_equal(g, p, ctx)
 
 
@@ -691,12 +712,30 @@ def _equal(gold, pred, rtol):
     if _key(g) == _key(p):
         return True
     m = _CHOICE.fullmatch(g)
-    if m:  # multiple choice: the gold is a letter; the prediction must lead with it and name no other
-        mp = _CHOICE_PRED.match(p)
-        letters = set(re.findall(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", p))
-        return bool(mp) and (mp.group(1) or mp.group(2)) == m.group(1) and len(letters) == 1
+    if m:
+        return _choice(m.group(1), p.strip("* "))
+    for a, b in ((p, g), (g, p)):  # a decimal comma (`3,5`) against a number written with a point
+        if _DECIMAL_COMMA.fullmatch(a) and "," not in b and (a is p or "." in b):
+            g, p = (g, a.replace(",", ".")) if a is p else (a.replace(",", "."), p)
     ctx = (rtol, g_pct, p_pct, g_deg, p_deg)
+    mp_backend()  # built once per process, outside the deadline: importing mpmath takes ~0.1 s
     return _with_deadline(TIME_BUDGET, lambda: _struct_equal(_structure(g), _structure(p), ctx))
+
+
+_DECIMAL_COMMA = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})|-?0,\d+")  # not `10,455`: that is ten thousand
+
+
+def _choice(letter, p):
+    """Multiple choice (the gold is a letter): the prediction leads with that letter and names no
+    other; or, in prose ("ruling out A and D, we are left with (C)"), its last `(X)` or letter is it."""
+    mp = _CHOICE_PRED.match(p)
+    letters = set(re.findall(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", p))
+    if mp and len(letters) == 1:
+        return (mp.group(1) or mp.group(2)) == letter
+    if not _PROSE.search(p):
+        return False
+    last = re.findall(r"\(([A-J])\)", p) or re.findall(r"(?<![A-Za-z\\])([A-J])(?![A-Za-z]|\s+[a-z])", p)
+    return bool(last) and last[-1] == letter
 
 
 # ----------------------------------------------------------------------------- public API
