@@ -411,12 +411,34 @@ def _interval(s):
         return None  # not a chain in one direction
     if p[1] in (">", "\\ge"):  # read it from the other end
         p = [{">": "<", "\\ge": "\\le"}.get(x, x) for x in reversed(p)]
+    if len(p) == 3 and not _SIMPLE_LHS.fullmatch(p[0]) and not _SIMPLE_LHS.fullmatch(p[2]):
+        return _solve_linear(*p)
     if len(p) == 3:
         p = ["-\\infty", "<"] + p if _SIMPLE_LHS.fullmatch(p[0]) else p + ["<", "\\infty"]
     if not _SIMPLE_LHS.fullmatch(p[2]):
         return None
     brackets = ("[" if p[1] == "\\le" else "(") + ("]" if p[3] == "\\le" else ")")
     return ("seq", brackets, (("expr", p[0]), ("expr", p[4])))
+
+
+def _solve_linear(a, op, b):
+    """`a < b` (op `<` or `\\le`) in one variable and linear with rational coefficients, solved as an
+    interval: `-y > -4` is (-inf, 4), `2x + 1 < 5` is (-inf, 2), `-3x \\le 3` is [-1, inf); else None."""
+    t = parse(f"{a}-({b})")
+    if t is None or len(t[2]) != 1:
+        return None
+    (v,) = t[2]
+    try:
+        f0, f1, f2 = (evaluate(t[0], {v: Fraction(k)}, FLOAT) for k in (0, 1, 2))
+    except (Undecided, ArithmeticError, ValueError, TypeError):
+        return None
+    if not all(isinstance(f, Fraction) for f in (f0, f1, f2)) or f1 == f0 or f2 - f1 != f1 - f0:
+        return None  # not linear, or not exactly
+    r = -f0 / (f1 - f0)
+    root, closed = ("expr", f"{r.numerator}/{r.denominator}"), op == "\\le"
+    if f1 > f0:  # increasing: a - b < 0 below the root
+        return ("seq", "(" + "])"[not closed], (("expr", "-\\infty"), root))
+    return ("seq", "[("[not closed] + ")", (root, ("expr", "\\infty")))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -533,7 +555,7 @@ def _constant(s):
 
 _NAME = r"(?:\\[a-zA-Z]+\s*\{[A-Za-z]+\}|\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
 # the label of a value: `|z|`, `AB:CD`, `V_1 : V_2`, `\frac{AB}{CD}` (besides _SIMPLE_LHS: x, f(3), a_n)
-_LABEL = re.compile(rf"\|{_NAME}\||{_NAME}(?:\s*[:/]\s*{_NAME})+|\\frac\{{{_NAME}\}}\{{{_NAME}\}}")
+_LABEL = re.compile(rf"\|{_NAME}\||{_NAME}(?:\s*[:/]\s*{_NAME})*|\\frac\{{{_NAME}\}}\{{{_NAME}\}}")
 
 
 def _stated_value(left, right):
