@@ -76,7 +76,8 @@ def _prepare(text):
     if "<" in text or "[" in text:
         parts = [x for x in _END_OF_TURN.split(text, maxsplit=20) if x.strip()]
         text = parts[0] if parts else ""
-    if "\\\\" in text and re.search(r"\\\\[a-zA-Z]{2,}", text) and not re.search(r"(?<!\\)\\[a-zA-Z]{2,}", text):
+    if "\\\\" in text and re.search(r"\\\\(?:[a-zA-Z]{2,}|[{}])", text) \
+            and not re.search(r"(?<!\\)\\(?:[a-zA-Z]{2,}|[{}])", text):
         text = text.replace("\\\\", "\\")
     return text
 
@@ -401,6 +402,33 @@ def _enclosed(s):
 
 _INEQ = re.compile(r"(\\le|\\ge|<|>)")
 _MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.S)
+_ONE_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*?)\\end\{\1\}", re.S)
+
+
+def _matrix_sum(s):
+    """An unevaluated sum of scalar multiples of matrices (`A + B`, `2A - B`, `\\frac{1}{3}A`) as one
+    matrix whose entries are the expressions `+(c)*(a) - (b)`; None if s is not such a sum."""
+    total, pos, n = None, 0, 0
+    for m in _ONE_MATRIX.finditer(s):
+        coef, sign = s[pos:m.start()].strip(), "+"
+        if coef[:1] in ("+", "-"):
+            sign, coef = coef[0], coef[1:].strip()
+        elif total is not None:
+            return None  # two matrices with no + or - between them: a product
+        coef = re.sub(r"(?:\\cdot|\\times|\*)$", "", coef).strip()
+        if coef and parse(coef) is None:
+            return None
+        rows = [[c.strip() for c in r.split("&")] for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
+        term = [[f"{sign}({coef})*({c})" if coef else f"{sign}({c})" for c in r] for r in rows]
+        if total is not None and [len(r) for r in total] != [len(r) for r in term]:
+            return None
+        total = term if total is None else [[a + b for a, b in zip(x, y)] for x, y in zip(total, term)]
+        pos, n = m.end(), n + 1
+        if n > 20:
+            return None
+    if total is None or s[pos:].strip():
+        return None
+    return ("mat", tuple(tuple(("expr", e) for e in r) for r in total))
 
 
 def _interval(s):
@@ -446,13 +474,19 @@ def _structure(s):
     """A cleaned answer as nested tuples: ('expr', str), ('list'|'set'|'union', items),
     ('seq', brackets, items) for tuples/intervals, ('mat', rows)."""
     s = s.strip()
+    if "\\begin{" in s and (s.count("\\begin{") > 1 or not s.startswith("\\begin{")):
+        combined = _matrix_sum(s)
+        if combined:
+            return combined
     m = _MATRIX.fullmatch(s)
     if m:
         rows = [r for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
         return ("mat", tuple(tuple(_structure(c) for c in r.split("&")) for r in rows))
     m = re.match(r"(?:[a-zA-Z]|\\[a-zA-Z]+|\([a-zA-Z, ]+\))(?:_\{?\w+\}?)?\s*(?:\\in|=|:)\s*(?=[(\[{\\])", s)
-    if m and _enclosed(s[m.end():].replace("\\{", "{").replace("\\}", "}")):
-        s = s[m.end():]  # x \in [2, 5],  S = \{1, 2\},  (x, y) = (1, 2)
+    rest = s[m.end():] if m else ""
+    if m and (_enclosed(rest.replace("\\{", "{").replace("\\}", "}")) or rest.count("\\begin{") == 1
+              and _MATRIX.fullmatch(rest)):
+        return _structure(rest)  # x \in [2, 5],  S = \{1, 2\},  (x, y) = (1, 2),  v = \begin{pmatrix}..
     if s.startswith("{") and _enclosed(s):
         return _structure(s[1:-1])  # a LaTeX group: {1,2,3} renders as 1,2,3
     union = _split_top(s, "\\cup")
@@ -519,12 +553,14 @@ def _struct_equal(g, p, ctx):
         g = g[1][0]  # {3} vs 3
     if p[0] in ("set", "list") and len(p[1]) == 1 and g[0] not in ("set", "list"):
         p = p[1][0]
+    g, p = (("set", tuple(dict.fromkeys(x[1]))) if x[0] == "set" else x for x in (g, p))  # {1, 2, 2} = {1, 2}
     gk, pk = g[0], p[0]
     if gk == "expr" and pk == "expr":
         return _scalar_equal(g[1], p[1], ctx)
-    if gk == "mat" and pk == "mat":
+    if gk == "mat" and pk == "mat":  # entries rounded in the gold (0.33 for 1/3) are read as rounded
+        near = lambda a, b: eq(a, b) or _rounded_equal(a, b)  # noqa: E731
         return len(g[1]) == len(p[1]) and all(
-            len(a) == len(b) and all(map(eq, a, b)) for a, b in zip(g[1], p[1]))
+            len(a) == len(b) and all(map(near, a, b)) for a, b in zip(g[1], p[1]))
     if gk == "mat" or pk == "mat":  # a column or row vector equals a tuple
         gv, pv = _as_vector(g), _as_vector(p)
         return gv is not None and pv is not None and len(gv) == len(pv) and all(map(eq, gv, pv))
@@ -533,11 +569,32 @@ def _struct_equal(g, p, ctx):
     if gk == "seq" and pk == "list" and g[1] == "()":  # (3, 2) vs 3, 2
         return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
     bag = ("list", "set", "union")
+    if gk == "list" and pk == "seq" and p[1] == "()" and all(map(_assignment, g[1])):
+        return len(g[1]) == len(p[2]) and all(map(eq, g[1], p[2]))  # x = 10, y = 4 is the tuple (10, 4)
     if gk in bag and (pk in bag or pk == "seq" and p[1] in ("()", "[]")):
         return _match_unordered(g[1], p[-1], eq)  # `x < -2 or x > 3` is a union of intervals too
     if pk == "list" and gk not in ("list", "set"):  # the same answer twice: `\\boxed{1.5} or \\boxed{3/2}`
         return all(eq(g, x) for x in p[1])
     return False
+
+
+def _assignment(x):
+    """Is structure x an `x = value` item (so that a list of them is ordered like a tuple)?"""
+    left = _split_eq(x[1])[0] if x[0] == "expr" else None
+    return left is not None and bool(_SIMPLE_LHS.fullmatch(left))
+
+
+def _rounded_equal(g, p):
+    """Is g a decimal (2+ significant digits) that p, an exact constant, rounds to? (0.33 and 1/3)"""
+    digits = re.fullmatch(r"-?\d*\.(\d+)", g[1]) if g[0] == p[0] == "expr" else None
+    if not digits or (_sig_digits(g[1]) or 0) < 2:
+        return False
+    P = parse(p[1])
+    try:
+        v = complex(to_backend(evaluate(P[0], {}, FLOAT), FLOAT)) if P and not P[1] and not P[2] else None
+    except (Undecided, ArithmeticError, ValueError, TypeError):
+        return False
+    return v is not None and abs(v - float(g[1])) <= 0.5 * 10 ** -len(digits.group(1)) * (1 + 1e-9)
 
 
 # ----------------------------------------------------------------------------- scalars
