@@ -7,7 +7,8 @@ call takes bounded time and memory (reward.py's value comparison is built on it)
     to_backend(x, B), nodes(tree), Undecided (raised when a value cannot be computed safely)
 
 Syntax: `\\frac{a}{b}`, `\\frac43`, `\\sqrt[3]{x}`, `\\binom{n}{k}`, `|x|`, `\\lfloor x \\rfloor`, `n!`,
-`2^-1`, `x**2`, implicit products (`2xy`, `2\\pi r`), functions with or without parentheses
+`2^-1`, `x**2`, implicit products (`2xy`, `2\\pi r`; not of two numerals: `1 2` is unreadable),
+functions with or without parentheses
 (`\\sin^2 x`, `\\sin^{-1}(x)`, `\\log_2 8`, `ln 2`, `sqrt(x)`), names with subscripts, primes and
 accents (`x_{max}`, `y'`, `\\vec{v}`), `\\infty`, mixed numbers (`1\\frac{4}{5}` = 9/5). `\\log` is
 natural (`lg` is base 10), `e`, `i` and `\\pi` are the constants, and `\\sqrt53` is sqrt(5)*3, as
@@ -130,6 +131,8 @@ class _Parser:
                 self.take()
                 node = ("/" if t in ("/", "\\div") else "*", node, self.signed())
             elif self.starts_atom():
+                if self.peek()[0] == "num" and self.toks[self.i - 1][0] == "num":
+                    raise Undecided("two numbers side by side")  # `1 2 3` (lines run together) is no product
                 node = ("*", node, self.power())
             else:
                 return node

@@ -811,8 +811,8 @@ def _choice(letter, p):
     letters = set(re.findall(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", p))
     if mp and len(letters) == 1:
         return (mp.group(1) or mp.group(2)) == letter
-    if not _PROSE.search(p):
-        return False
+    if not re.search(r"[a-z]{3,}", p) or re.search(r"[A-J]\)?\s*(?:,|/|&|and|or)\s*\(?[A-J]\)?[\s.*]*$", p):
+        return False  # not prose, or it ends hedging: "(A) and (B)", "C or D"
     last = re.findall(r"\(([A-J])\)", p) or re.findall(r"(?<![A-Za-z\\])([A-J])(?![A-Za-z]|\s+[a-z])", p)
     return bool(last) and last[-1] == letter
 
