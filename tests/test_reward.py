@@ -17,6 +17,7 @@ import time
 import pytest
 
 import reward
+from grader_cases import CLASSES
 from reward import extract_answer, math_reward, verify
 
 T, F = True, False
@@ -345,6 +346,34 @@ def test_pairs_symmetric(gold, pred, same):
     assert verify(pred, gold) is same, (pred, gold)
 
 
+CLASS_ROWS = [(name, g, p, s) for name, rows in CLASSES.items() for g, p, s in rows]
+
+
+@pytest.mark.parametrize("cls,gold,pred,same", CLASS_ROWS, ids=[f"{r[0]}-{i}" for i, r in enumerate(CLASS_ROWS)])
+def test_class_tables(cls, gold, pred, same):
+    """The rows of tests/grader_cases.py, one table per class of misjudgement of issue 14."""
+    assert verify(gold, pred) is same, (cls, gold, pred)
+
+
+def test_class_tables_have_both_sides():
+    for name, rows in CLASSES.items():
+        assert len(rows) >= 10, name
+        if name != "false_positives":
+            assert any(s for *_, s in rows) and any(not s for *_, s in rows), name
+
+
+def test_odd_roots_of_negative_numbers_that_are_not_cubes():
+    """The real odd root of a negative non-cube goes through the float path (no exact value):
+    it must stay the real root, -2^(1/3) ~ -1.2599, not the principal complex one."""
+    assert verify("\\sqrt[3]{-2}", "-\\sqrt[3]{2}") is True
+    assert verify("\\sqrt[3]{-2}", "-1.2599") is True
+    assert verify("-1.2599", "\\sqrt[3]{-2}") is True
+    assert verify("\\sqrt[3]{-2}", "1.2599") is False
+    assert verify("\\sqrt[3]{-2}", "\\sqrt[3]{2}") is False
+    assert verify("\\sqrt[5]{-3}", "-\\sqrt[5]{3}") is True
+    assert verify("\\sqrt[3]{-2} + x", "x - 2^{1/3}") is True
+
+
 def test_against_sympy_on_its_own_latex():
     """An independent reference: expressions built in sympy, each printed by sympy.latex in several
     equivalent forms (expanded, factored, simplified); every pair of forms must verify exactly when
@@ -414,6 +443,12 @@ EXTRACT = [
     ("\\boxed{}", None),
     ("It costs $5 and $6", "5 and"),
     ("$$x^2$$", "x^2"),
+    # issue 14: languages, '**Final Answer**' lines, parts, end of turn, escaped backslashes, prose
+    ("Por lo tanto, la respuesta es $12$.", "12"), ("因此，答案是 42。", "42"), ("Die Antwort ist 7.", "7"),
+    ("**Final Answer**\n\n12", "12"), ("(a) $\\boxed{5}$\n(b) $\\boxed{7}$", "5, 7"),
+    ("First $x = \\boxed{3}$, so the area is $\\boxed{12}$.", "12"),
+    ("\\boxed{12}<|im_end|>\n<|im_start|>user\n\\boxed{5}", "12"), ("The answer is \\\\boxed{\\\\frac{3}{4}}", "\\frac{3}{4}"),
+    ("Final Answer: the area is 64", "64"), ("So the answer is 12 (since $3 \\cdot 4 = 12$).", "12"),
 ]
 
 
@@ -581,6 +616,28 @@ def test_timeout_means_not_equal(monkeypatch):
     assert verify("(y+1)^2", "y^2+2y+1") is False  # needs the slow path, which has no time left
     monkeypatch.undo()
     assert verify("(y+1)^2", "y^2+2y+1") is True
+
+
+def _sets_of_pairs(n, reordered):
+    """`\\{2y, 2z\\}, \\{3y, 3z\\}, ...`, or the same sets written `\\{zk, yk\\}` in reverse order."""
+    ks = range(n + 1, 1, -1) if reordered else range(2, n + 2)
+    return ", ".join(f"\\{{z{k}, y{k}\\}}" if reordered else f"\\{{{k}y, {k}z\\}}" for k in ks)
+
+
+def test_default_time_budget_gives_up_on_a_quadratic_list():
+    """120 two-element sets against the same sets reordered: sets cannot be paired by value, so it
+    takes O(n^2) set comparisons, ~3 s of work on this project's 2-core machine. The default budget
+    must give up long before: this fails if TIME_BUDGET is raised tenfold (0.8 s), so that the
+    worst call stays near 0.1 s."""
+    gold, pred = _sets_of_pairs(120, False), _sets_of_pairs(120, True)
+    assert len(gold) < reward.MAX_ANSWER and len(pred) < reward.MAX_ANSWER  # no shortcut
+    reward._clean.cache_clear(), reward._structure.cache_clear(), reward._parse.cache_clear()
+    verify("\\sqrt{2}", "2^{1/2}")  # mpmath imported (once per process) before the clock starts
+    t0 = time.perf_counter()
+    assert verify(gold, pred) is False  # not computed in time: not equal
+    assert time.perf_counter() - t0 < 0.4
+    # the same kind of pair, small enough to finish: the False above is the budget's
+    assert verify(_sets_of_pairs(5, False), _sets_of_pairs(5, True)) is True
 
 
 def test_fuzz_hostile_inputs_never_raise_or_hang():
