@@ -40,6 +40,7 @@ import functools
 import operator
 import re
 import sys
+import threading
 import time
 import zlib
 from fractions import Fraction
@@ -50,7 +51,7 @@ from mathexpr import _SIMPLE_LHS, _brace_map, _clean, _key, _split_top, _structu
 
 _parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
 
-__all__ = ["extract_answer", "verify", "math_reward"]
+__all__ = ["extract_answer", "verify", "math_reward", "make_grader", "GRADERS"]
 
 MAX_TEXT = 200_000    # characters of a response looked at (the tail: answers come last)
 MAX_ANSWER = 2_000    # an extracted answer longer than this is compared as a plain string only
@@ -601,3 +602,73 @@ def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel
     if ans is None:
         return -float(no_answer_penalty)
     return 1.0 if verify(gold, ans, rel_tol=rel_tol) else float(format_reward)
+
+
+# ----------------------------------------------------------------------------- optional graders
+def _math_verify_grader():
+    """math-verify (the grader behind TRL's and open-r1's math rewards), for reproducing numbers of
+    papers that used it. Imported only when chosen: it is not a dependency of this project (it pulls
+    in antlr4 and latex2sympy2). Its extraction is TRL's accuracy_reward's (boxed first, no match
+    without an anchor); its parse and verify timeouts use signal.alarm, which works only in the
+    main thread, so they are turned off elsewhere (then nothing bounds its time: sympy.simplify)."""
+    try:
+        from math_verify import LatexExtractionConfig, parse as mv_parse, verify as mv_verify
+        from latex2sympy2_extended import NormalizationConfig
+    except ImportError as e:
+        raise ImportError("reward: the math_verify grader needs `pip install math-verify`, "
+                          "which is not a dependency of this project") from e
+    answer_config = [LatexExtractionConfig(
+        normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
+                                                 boxed="all", units=True),
+        boxed_match_priority=0, try_extract_without_anchor=False)]
+
+    def timeout():
+        return 5 if threading.current_thread() is threading.main_thread() else None
+
+    def parse_gold(gold):
+        gold = str(gold)
+        return mv_parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", parsing_timeout=timeout())
+
+    def verify_pair(gold, pred):
+        try:
+            g, p = parse_gold(gold), mv_parse(str(pred), parsing_timeout=timeout())
+            return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=timeout()))
+        except Exception:
+            return False
+
+    def grade(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=None):
+        """math_reward's contract with math-verify's judgement (rel_tol is not used: math-verify
+        rounds floats to 6 digits)."""
+        if not isinstance(response, str):
+            raise TypeError(f"math_reward: response must be a str, got {type(response).__name__}")
+        try:
+            g = parse_gold(gold)
+            p = mv_parse(response, extraction_config=answer_config, extraction_mode="first_match",
+                         parsing_timeout=timeout())
+            if not p:
+                return -float(no_answer_penalty)
+            return 1.0 if g and mv_verify(g, p, timeout_seconds=timeout()) else float(format_reward)
+        except Exception:
+            return float(format_reward)
+
+    grade.verify = verify_pair
+    return grade
+
+
+def _rule_grader():
+    grade = functools.partial(math_reward)
+    grade.verify = verify
+    return grade
+
+
+GRADERS = {"rule": _rule_grader, "math_verify": _math_verify_grader}
+
+
+def make_grader(name="rule"):
+    """The reward function named `name` (a key of GRADERS), with math_reward's signature
+    `(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=...) -> float`, and its
+    `(gold, pred) -> bool` judgement as the attribute `.verify` (for eval.py and the benchmarks).
+    "rule" is this module's grader; "math_verify" imports math-verify on this call, never before."""
+    if name not in GRADERS:
+        raise ValueError(f"reward: unknown grader {name!r}; choose one of {sorted(GRADERS)}")
+    return GRADERS[name]()
