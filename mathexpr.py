@@ -1,6 +1,7 @@
 """mathexpr.py: a parser and evaluator of scalar math expressions in LaTeX or plain text, whose every
-call takes bounded time and memory (reward.py's value comparison is built on it); and, at the end,
-the normalisation of whole answer strings that reward.py compares (_clean, _key, _structure).
+call takes bounded time and memory (reward.py's value comparison is built on it); and, in the last
+two sections, reward.py's text helpers: the normalisation of whole answer strings that it compares
+(_clean, _key, _structure) and the rules that find an answer in a response (_last_boxed, ...).
 
     parse(s)                  -> (tree, has a decimal literal, frozenset of free symbols), or None
     evaluate(tree, env, B)    -> its value with symbol values env: a Fraction while exact, else a B number
@@ -738,3 +739,149 @@ def _flat(items):
         st = _structure(x) if x else None
         out.extend(st[1] if st and st[0] == "list" else [st] if st else [])
     return tuple(out)
+
+
+# ----------------------------------------------------------------------------- answers in text
+# The rules that find the final answer in a response (reward.extract_answer chains them): the last
+# \boxed{} (with the boxes that belong with it), the value after 'the answer is' in several
+# languages, GSM8K's `####`, the last math span; and the value a prose sentence states.
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
+# "the answer is" / "answer:" / "**Final Answer**" on its own line, and the same in other languages
+# (a model trained on mixed data answers in the prompt's language); CJK words have no \b after them
+_ANSWER_IS = re.compile(
+    r"(?i)(?:\banswer\b[*\s]*(?:is\b|:)|\bfinal\s+answer\b[*]*[ \t]*(?=\n)"
+    r"|\brespuesta\s+(?:final\s+)?(?:es\b|:)|\bréponse\s+(?:finale\s+)?(?:est\b|:)"
+    r"|\bantwort\s+(?:ist|lautet)\b|\bantwort\s*:|\bответ\b\s*(?:равен\b|:)?|\brisposta\s+(?:è|e)\b"
+    r"|\bresposta\s+(?:é|e)\b|\brisposta\s*:|\bresposta\s*:|答案(?:是|为|為)?\s*[:：]?|答えは|정답은)[\s:*：]*")
+_JOIN_GAP = re.compile(r"[\s,;$]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
+                       r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
+# a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
+_PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
+                   r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
+# the end of the model's turn: whatever follows (a new user turn, another answer) is not its answer
+_END_OF_TURN = re.compile(r"<\|(?:im_end|im_start|eot_id|endoftext|end|start_header_id|user|assistant)\|>"
+                          r"|</s>|<end_of_turn>|<start_of_turn>|\[/?INST\]")
+
+
+def _prepare(text):
+    """The text as the grader reads it: cut at the first end-of-turn marker (`<|im_end|>`...), and
+    with doubled backslashes undone when every command is written with two (`\\\\frac` from a JSON or
+    a prompt template; a matrix row break `\\\\` alone is left as it is)."""
+    if "<" in text or "[" in text:
+        parts = [x for x in _END_OF_TURN.split(text, maxsplit=20) if x.strip()]
+        text = parts[0] if parts else ""
+    if "\\\\" in text and re.search(r"\\\\(?:[a-zA-Z]{2,}|[{}])", text) \
+            and not re.search(r"(?<!\\)\\(?:[a-zA-Z]{2,}|[{}])", text):
+        text = text.replace("\\\\", "\\")
+    return text
+
+
+def _last_boxed(s):
+    """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
+    belong with it joined by ', ': boxes directly before it (only commas, 'and', `$` between), or one
+    box per labelled part (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
+    boxes, match = [], None
+    for m in _BOXED.finditer(s):
+        j = m.end()
+        if j < len(s) and s[j] == "{":
+            match = _brace_map(s) if match is None else match
+            if j not in match:
+                continue  # unbalanced, e.g. truncated output
+            boxes.append((m.start(), match[j] + 1, s[j + 1:match[j]]))
+        else:
+            tok = re.match(r"[^\s$]+", s[j:j + 200])
+            if tok:
+                boxes.append((m.start(), j + tok.end(), tok.group()))
+    boxes = [b for b in boxes if b[2].strip()]
+    if not boxes:
+        return None
+    parts, start = [boxes[-1][2]], boxes[-1][0]
+    labelled = [_PART.search(s, max(0, b[0] - 300) if k == 0 else max(boxes[k - 1][1], b[0] - 300), b[0])
+                for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [None] * len(boxes)
+    k = len(boxes) - 1
+    for b0, b1, content in reversed(boxes[-20:-1]):
+        k -= 1
+        part = labelled[k] and labelled[k + 1] and not (len(parts) > 1 and not labelled[k + 2])
+        if b1 > start or not (_JOIN_GAP.fullmatch(s[b1:start]) or part):
+            break
+        parts.append(content)
+        start = b0
+    return ", ".join(p.strip() for p in reversed(parts))
+
+
+def _math_spans(s):
+    """Contents of the complete `$...$` / `$$...$$` spans of s, in order (linear time)."""
+    parts = s.replace("\\$", "").replace("$$", "$").split("$")
+    return parts[1:len(parts) - (len(parts) % 2 == 0):2]
+
+
+def _last_math(s):
+    """Content of the last non-empty `$...$`, `\\(...\\)` or `\\[...\\]` span, or None."""
+    best, best_end = None, -1
+    spans = [x for x in _math_spans(s) if x.strip()]
+    if spans:
+        best, best_end = spans[-1], s.rfind("$")
+    for a, b in (("\\(", "\\)"), ("\\[", "\\]")):
+        j = s.rfind(b)
+        i = s.rfind(a, 0, j) if j > 0 else -1
+        if i >= 0 and j > best_end and s[i + 2:j].strip():
+            best, best_end = s[i + 2:j], j
+    return best.strip() if best is not None else None
+
+
+# the end of the answer's sentence: a full stop, a new line, or a clause that explains it
+_SENTENCE_END = re.compile(r"\n|[.。](?:\s|$)|。|です|입니다|,?\s+(?:since|because|which|so|where|but|as)\b"
+                           r"|\s+\((?:since|because|as|by|from|using)\b")
+_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})|[^\W\d_a-zA-Z]")
+# the verb before a value in a sentence: "the area is 64", "le nombre est 12", "这个数是12"
+_IS = re.compile(r"(?i)(?:\b(?:is|are|was|equals|be|es|est|ist|è|é|равно|равен)\b|是|为|為)[\s*]*")
+# a sentence that ends in its number: "... est 12.", "所以这个数是12"
+_END_NUMBER = re.compile(r"(?:^|[\s:：是为為])(-?\d[\d,]*(?:\.\d+)?(?:\s*\\?%)?)\s*[.。!]?\s*$")
+
+
+def _from_prose(s):
+    """The value a sentence states: the math or number after its last 'is' / '=' ("The largest $n$ is
+    34." -> 34), else its last math span, else the number it ends with; s itself when it is not prose
+    or states none of these (a gold answer in words stays whole)."""
+    if not _PROSE.search("".join(s.replace("$$", "$").split("$")[0::2])):
+        return s
+    m = None
+    for m in _IS.finditer(s):
+        pass
+    if m is not None:
+        tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
+        if tail and (tail[0] == "$" or tail.startswith("\\(")):
+            math = _last_math(tail) or _math_spans(tail + "$")[:1]
+            if math and math[0].strip():
+                return math if isinstance(math, str) else math[0].strip()
+        if tail and not _PROSE.search(tail) and re.search(r"\d", tail):
+            return tail.strip("$ ")
+    math = _last_math(s)
+    if math is not None:
+        return math
+    end = _END_NUMBER.search(s[-200:])
+    return end.group(1) if end else s
+
+
+def _answer_is(s):
+    """The value after the last 'answer is' / 'answer:' (a math span or the rest of the sentence)."""
+    m = None
+    for m in _ANSWER_IS.finditer(s):
+        pass
+    if m is None:
+        return None
+    rest = s[m.end():m.end() + 1000].lstrip()
+    for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if rest.startswith(a):
+            j = rest.find(b, len(a))
+            if j > len(a):
+                return rest[len(a):j].strip()
+    line = _SENTENCE_END.split(rest, maxsplit=1)[0].strip(" *.")
+    return _from_prose(line).strip(" *.") if line else None
+
+
+def _hashes(s):
+    """GSM8K's final answer: the rest of the line after the last `####`."""
+    i = s.rfind("####")
+    return s[i + 4:].split("\n", 1)[0].strip() or None if i >= 0 else None
