@@ -580,6 +580,7 @@ def _clean(s):
     return s, pct > 0, deg > 0
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _key(s):
     """The spaces-free string that is compared first (digits apart stay apart: `1 2` is not `12`)."""
     s = re.sub(r"([_^])([0-9a-zA-Z])", r"\1{\2}", re.sub(r"\s+", "", re.sub(r"(?<=\d)\s+(?=\d)", "~", s)))
@@ -768,7 +769,7 @@ def _prepare(text):
     """The text as the grader reads it: cut at the first end-of-turn marker (`<|im_end|>`...), and
     with doubled backslashes undone when every command is written with two (`\\\\frac` from a JSON or
     a prompt template; a matrix row break `\\\\` alone is left as it is)."""
-    if "<" in text or "[" in text:
+    if "<|" in text or "</s>" in text or "_of_turn>" in text or "INST]" in text:
         parts = [x for x in _END_OF_TURN.split(text, maxsplit=20) if x.strip()]
         text = parts[0] if parts else ""
     if "\\\\" in text and re.search(r"\\\\(?:[a-zA-Z]{2,}|[{}])", text) \
@@ -833,7 +834,8 @@ def _last_math(s):
 # the end of the answer's sentence: a full stop, a new line, or a clause that explains it
 _SENTENCE_END = re.compile(r"\n|[.。](?:\s|$)|。|です|입니다|,?\s+(?:since|because|which|so|where|but|as)\b"
                            r"|\s+\((?:since|because|as|by|from|using)\b")
-_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})|[^\W\d_a-zA-Z]")
+_PROSE_ASCII = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})")  # two words
+_PROSE = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]")  # ... or a letter of another script
 # the verb before a value in a sentence: "the area is 64", "le nombre est 12", "这个数是12"
 _IS = re.compile(r"(?i)(?:\b(?:is|are|was|equals|be|es|est|ist|è|é|равно|равен)\b|是|为|為)[\s*]*")
 # a sentence that ends in its number: "... est 12.", "所以这个数是12"
@@ -844,7 +846,8 @@ def _from_prose(s):
     """The value a sentence states: the math or number after its last 'is' / '=' ("The largest $n$ is
     34." -> 34), else its last math span, else the number it ends with; s itself when it is not prose
     or states none of these (a gold answer in words stays whole)."""
-    if not _PROSE.search("".join(s.replace("$$", "$").split("$")[0::2])):
+    outside = "".join(s.replace("$$", "$").split("$")[0::2]) if "$" in s else s
+    if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)):
         return s
     m = None
     for m in _IS.finditer(s):

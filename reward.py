@@ -90,14 +90,19 @@ def extract_answer(text):
     return _extract(text)
 
 
-_MARKERS = re.compile(r"(?i)\\boxed|\\fbox|answer|####|</think>|respuesta|réponse|antwort|ответ|risposta|"
-                      r"resposta|答案|答え|정답")
+_MARKERS = re.compile(r"(?i)respuesta|réponse|antwort|ответ|risposta|resposta|答案|答え|정답")  # non-ASCII text
+
+
+def _has_marker(s):
+    """Does s have a final-answer marker? (substring tests first: a regex over a whole response is slow)"""
+    return any(m in s for m in ("\\boxed", "\\fbox", "####", "</think>")) or "answer" in s.lower() \
+        or ("respuesta" in s or "resposta" in s or "risposta" in s or not s.isascii()) and bool(_MARKERS.search(s))
 
 
 def _final_answer(s):
     """What verify compares: the extracted answer of a solution text; the value a prose sentence
     states (see _from_prose); else s itself (a bare answer)."""
-    if _MARKERS.search(s):
+    if _has_marker(s):
         ans = extract_answer(s)
         if ans is not None:
             return ans
@@ -423,9 +428,10 @@ def _choice(letter, p):
 
 
 # ----------------------------------------------------------------------------- public API
-def _squeeze(s):
-    """s without `$` and spaces, except one space between two digits: `1 2 3` is not `123`."""
-    return re.sub(r"[\s$]", "", re.sub(r"(?<=\d)[\s$]+(?=\d)", "~", s))
+def _squeeze(s, digits=True):
+    """s without `$` and spaces, except one space between two digits: `1 2 3` is not `123` (the
+    cheap form without that exception first: only texts equal under it are looked at again)."""
+    return re.sub(r"[\s$]", "", re.sub(r"(?<=\d)[\s$]+(?=\d)", "~", s) if digits else s)
 
 
 def verify(gold, pred, *, rel_tol=1e-4):
@@ -442,7 +448,7 @@ def verify(gold, pred, *, rel_tol=1e-4):
     try:
         gold, pred = _prepare(str(gold)[-MAX_TEXT:]), _prepare(str(pred)[-MAX_TEXT:])
         short = max(len(gold), len(pred)) < MAX_ANSWER
-        if short and _squeeze(gold) == _squeeze(pred):
+        if short and _squeeze(gold, False) == _squeeze(pred, False) and _squeeze(gold) == _squeeze(pred):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
         return bool(_equal(_final_answer(gold), _final_answer(pred), rel_tol))
     except (Exception, _Timeout):
