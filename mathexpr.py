@@ -854,10 +854,10 @@ def _from_prose(s):
         pass
     if m is not None:
         tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
-        if tail and (tail[0] == "$" or tail.startswith("\\(")):
-            math = _last_math(tail) or _math_spans(tail + "$")[:1]
-            if math and math[0].strip():
-                return math if isinstance(math, str) else math[0].strip()
+        first = next((x.strip() for x in _math_spans(tail) if x.strip()), None) if tail[:1] == "$" else \
+            tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
+        if first:  # the first math after the verb: "The minimum is $-2$, attained at $x = 1$."
+            return first
         if tail and not _PROSE.search(tail) and re.search(r"\d", tail):
             return tail.strip("$ ")
     math = _last_math(s)

@@ -220,7 +220,8 @@ def _constant(s):
 
 _NAME = r"(?:\\[a-zA-Z]+\s*\{[A-Za-z]+\}|\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
 # the label of a value: `|z|`, `AB:CD`, `V_1 : V_2`, `\frac{AB}{CD}` (besides _SIMPLE_LHS: x, f(3), a_n)
-_LABEL = re.compile(rf"\|{_NAME}\||{_NAME}(?:\s*[:/]\s*{_NAME})*|\\frac\{{{_NAME}\}}\{{{_NAME}\}}")
+_LABEL = re.compile(rf"\|{_NAME}\||{_NAME}(?:\s*[:/]\s*{_NAME})*|\\frac\{{{_NAME}\}}\{{{_NAME}\}}"
+                    rf"|\\(?:sin|cos|tan|cot|sec|csc)\s*(?:\\angle\s*)?{_NAME}")  # \tan\theta = 2, \sin A = 3/5
 
 
 def _stated_value(left, right):

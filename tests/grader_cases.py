@@ -24,6 +24,15 @@ CLASSES = {
         ("\\boxed{2} \\text{ and } \\boxed{3}", "2, 3", T),
         ("3", "Maybe $\\boxed{2}$ or $\\boxed{3}$.", F),
         ("(1, 2)", "$x = \\boxed{1}$ and $y = \\boxed{2}$, so the point is $\\boxed{(1, 2)}$.", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('3, 4', '$\\boxed{3}$, $\\boxed{4}$', T),
+        ('3, 4', 'The answers are \\boxed{3} \\text{ and } \\boxed{4}', T),
+        ('10', 'Step 1: $\\boxed{5}$ apples.\nStep 2: total is $\\boxed{10}$', T),
+        ('\\frac{1}{2}, 3', '(i) $\\boxed{\\frac{1}{2}}$\n\n(ii) $\\boxed{3}$', T),
+        ('1, 2, 3', 'a) \\boxed{1}\nb) \\boxed{2}\nc) \\boxed{3}', T),
+        ('4', '\\boxed{4}\n\nThis is because 2+2 = 4. Hope this helps!', T),
+        ('4', '\\boxed{4}<|endoftext|>Human: what is 3+3? Assistant: \\boxed{6}', T),
+        ('7', '\\boxed{7}\n\n<|im_start|>user', T),
     ],
     # thousands separators, decimal commas, currency, units, percent words, degrees
     "numbers": [
@@ -33,6 +42,25 @@ CLASSES = {
         ("0.4", "40 pct", T), ("40\\%", "40 percent", T), ("40\\%", "40 per cent", T), ("45", "45^\\circ", T),
         ("45", "45 degrees", T), ("46", "45^\\circ", F), ("1000000", "1 000 000", T), ("2000", "2 000", T),
         ("1234.5", "\\$1,234.50", T), ("18", "\\$18.00 dollars", T), ("7", "7 USD", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('1000', '1.000', F),
+        ('12345', '12,345', T),
+        ('12345.6', '12,345.6', T),
+        ('0.5', '0,5', T),
+        ('2.25', '\\$2.25', T),
+        ('2.25', '2.25 dollars', T),
+        ('50', '50\\%', T),
+        ('5', '5 %', T),
+        ('30', '30°', T),
+        ('100', '100 km/h', T),
+        ('1.5', '1,50', T),
+        ('3', '3.0', T),
+        ('1234567', '1,234,567', T),
+        ('1234567', '1 234 567', T),
+        ('7.5', '7,5 cm', T),
+        ('40\\%', '0.4', T),
+        ('9', '9 pct', T),
+        ('0.09', '9 pct', T),
     ],
     # answers in prose in other languages
     "languages": [
@@ -44,6 +72,18 @@ CLASSES = {
         ("12", "On trouve donc que le nombre cherché est 12.", T),
         ("\\frac{1}{2}", "La probabilidad es $\\frac{1}{2}$.", T),
         ("\\frac{1}{2}", "La probabilidad es $\\frac{1}{3}$.", F),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('5', 'La réponse finale est $5$.', T),
+        ('5', 'La respuesta final es 5', T),
+        ('5', 'Die endgültige Antwort lautet 5.', T),
+        ('5', 'Ответ: $5$', T),
+        ('5', '最终答案是5', T),
+        ('5', '答案为 $\\boxed{5}$', T),
+        ('5', 'Vậy đáp án là 5', T),
+        ('5', 'Jadi jawabannya adalah 5.', T),
+        ('5', 'Así que el resultado es 6.', F),
+        ('\\frac{3}{4}', '所以概率为 $\\frac{3}{4}$。', T),
+        ('12', 'Il y a donc 12 billes rouges.', F),
     ],
     # the wrong span taken from prose
     "prose": [
@@ -57,6 +97,15 @@ CLASSES = {
         ("8", "So the number of ways is $8$, and the probability is $\\frac{8}{36}$.", F),
         ("\\frac{2}{9}", "So the number of ways is $8$, and the probability is $\\frac{8}{36}$.", T),
         ("5", "Thus $x = 5$ and the answer follows.", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('64', 'The area is $64$ square units.', T),
+        ('64', 'So, the area of the square is 64.', T),
+        ('7', 'Answer: 7 ways', T),
+        ('7', '**Answer: 7**', T),
+        ('7', 'Final answer: $\\boxed{7}$<|im_end|>', T),
+        ('12', 'The final answer is 12 apples.', T),
+        ('-2', 'The minimum value is $-2$, attained at $x = 1$.', T),
+        ('1', 'The minimum value is $-2$, attained at $x = 1$.', F),
     ],
     # multiple-choice letters
     "choices": [
@@ -66,6 +115,17 @@ CLASSES = {
         ("C", "The answer is C or D.", F), ("B", "I choose (B).", T), ("D", "**D**", T),
         ("E", "$\\mathrm{(E)}$", T), ("A", "A", T), ("A", "(B)", F), ("C", "Answer: (C) $12$", T),
         ("C", "Both A and C look right, but the answer is A.", F),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('B', 'The answer is $\\boxed{B}$', T),
+        ('B', 'Answer: B', T),
+        ('B', '(B) 12', T),
+        ('B', 'B) 12', T),
+        ('B', 'option B', T),
+        ('B', "I think it's B.", T),
+        ('B', 'The correct choice is (B).', T),
+        ('B', 'Either A or B', F),
+        ('E', '\\textbf{(E) }10', T),
+        ('A', 'a', F),
     ],
     # a labelled gold against the bare value, and the reverse
     "labels": [
@@ -76,6 +136,20 @@ CLASSES = {
         ("\\angle ABC = 40^\\circ", "40", T), ("m \\angle B = 40", "40^\\circ", T),
         ("\\overline{AB} = 7", "7", T), ("f(3) = 7", "7", T), ("7", "f(3) = 7", T),
         ("x = 3", "x = 4", F),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('x = 4', '4', T),
+        ('4', 'x=4', T),
+        ('a = 3, b = 5', '3, 5', T),
+        ('P = 12', '12', T),
+        ('|AB| = 5', '5', T),
+        ('\\angle A = 60^\\circ', '60', T),
+        ('BC:CA:AB = 3:4:5', '3:4:5', T),
+        ('3:4:5', 'BC : CA : AB = 3 : 4 : 5', T),
+        ('S_{\\triangle ABC} = 6', '6', T),
+        ('\\tan \\theta = 2', '2', T),
+        ('\\sin A = \\frac{3}{5}', '\\frac{3}{5}', T),
+        ('k = 2', '3', F),
+        ('r = 2', '|z| = 3', F),
     ],
     # relations: \lt \gt \le \geq, flipped inequalities, chains and intervals
     "relations": [
@@ -85,6 +159,21 @@ CLASSES = {
         ("0 \\le t \\le 5", "t \\in [0, 5)", F), ("-2 < x < 3", "x \\in (-2, 3)", T), ("x \\gt 2", "(2, \\infty)", T),
         ("x < 2", "2x + 1 < 5", T), ("x < 2", "2x + 1 < 6", F), ("x \\ge -1", "-3x \\le 3", T),
         ("(-\\infty, 4)", "-y > -4", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('x \\leq 5', 'x \\le 5', T),
+        ('x<5', 'x \\lt 5', T),
+        ('x \\geq 5', '5 \\leq x', T),
+        ('-5 < x', 'x > -5', T),
+        ('1 \\le x \\le 3', '[1, 3]', T),
+        ('1 < x \\le 3', '(1, 3]', T),
+        ('1 < x \\le 3', '[1, 3]', F),
+        ('x > 3', '3 - x < 0', T),
+        ('x \\le -2', '-x \\ge 2', T),
+        ('x \\ge 2', '-x \\ge 2', F),
+        ('a > 0', 'a \\gt 0', T),
+        ('x < 1', '1 > x', T),
+        ('x \\in [0, 5]', '0 \\leq t \\leq 5', T),
+        ('t \\in (0, 5)', '0 < t < 5', T),
     ],
     # sets and lists
     "sets": [
@@ -94,6 +183,17 @@ CLASSES = {
         ("(10, 4, -2)", "(4, 10, -2)", F), ("(10, 4, -2)", "(10, 4, -2)", T),
         ("x = 10, y = 4, z = -2", "(10, 4, -2)", T), ("x = 10, y = 4, z = -2", "(4, 10, -2)", F),
         ("\\{-1, 3\\}", "x = 3 \\text{ or } x = -1", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('1, 2', '2; 1', T),
+        ('\\{1, 2\\}', '\\{2, 1, 1\\}', T),
+        ('\\{1, 2\\}', '1 \\text{ and } 2', T),
+        ('x = 1 \\text{ or } x = 2', '\\{1, 2\\}', T),
+        ('x = -1, x = 3', 'x \\in \\{-1, 3\\}', T),
+        ('(1, 2), (3, 4)', '(3, 4), (1, 2)', T),
+        ('(1, 2), (3, 4)', '(2, 1), (4, 3)', F),
+        ('1, 2, 3', '1, 2', F),
+        ('2, 3', 'x=2; x=3', T),
+        ('-2, 2', '\\pm 2', T),
     ],
     # doubled backslashes (JSON or prompt escaping), in the gold or in the answer
     "escaped": [
@@ -102,6 +202,14 @@ CLASSES = {
         ("0.75", "The answer is \\\\boxed{\\\\frac{3}{4}}.", T), ("\\\\text{(B)}", "B", T),
         ("\\\\pi", "3.14159", T), ("90^\\\\circ", "90", T), ("\\\\frac{\\\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", T),
         ("\\\\begin{pmatrix} 1 \\\\\\\\ 2 \\\\end{pmatrix}", "(1, 2)", T), ("\\\\sqrt{2}", "\\sqrt{3}", F),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('\\\\dfrac{3}{4}', '0.75', T),
+        ('\\\\left(1, 2\\\\right)', '(1, 2)', T),
+        ('2\\\\sqrt{3}', '\\sqrt{12}', T),
+        ('\\\\infty', '\\infty', T),
+        ('\\\\text{yes}', 'yes', T),
+        ('x \\\\in [0, 1]', '[0, 1]', T),
+        ('\\\\frac{1}{2}', '\\frac{1}{4}', F),
     ],
     # matrices: pmatrix / bmatrix, an unevaluated sum, entries rounded in the gold
     "matrices": [
@@ -119,6 +227,13 @@ CLASSES = {
         ("\\mathbf{v} = \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", T),
         ("\\left[\\begin{matrix} 1 & 0 \\\\ 0 & 1 \\end{matrix}\\right]",
          "\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}', '\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}', T),
+        ('\\begin{pmatrix} 2 & 0 \\\\ 0 & 2 \\end{pmatrix}', '2\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}', T),
+        ('\\begin{pmatrix} 1 \\\\ 1 \\end{pmatrix}', '\\frac{1}{2}\\begin{pmatrix} 2 \\\\ 2 \\end{pmatrix}', T),
+        ('\\begin{pmatrix} 0.333 \\\\ 0.667 \\end{pmatrix}', '\\begin{pmatrix} \\frac13 \\\\ \\frac23 \\end{pmatrix}', T),
+        ('\\begin{pmatrix} 0.5 \\\\ 0.25 \\end{pmatrix}', '\\begin{pmatrix} \\frac12 \\\\ \\frac13 \\end{pmatrix}', F),
+        ('\\begin{pmatrix} 1 & 2 \\end{pmatrix}', '\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}', F),
     ],
     # false positives: none of these may verify
     "false_positives": [
@@ -126,5 +241,26 @@ CLASSES = {
         ("f(2)", "f(3)", F), ("f(2) = 5", "f(3) = 5", F), ("123", "1\n2\n3", F), ("123", "1 2 3", F),
         ("6", "1 2 3", F), ("12", "1\n\n2", F), ("x^2 + 1", "x^2 + 1 = 0", F), ("4", "x^2 = 4", F),
         ("2p + q", "2p + q", T), ("5", "2 + 3 = 5", T),
+        # more of the kind, written after the fixes as a check that they generalise (misses: KNOWN_MISSES)
+        ('x', 'x = 5', F),
+        ('2p + q', '2p + q = 5', F),
+        ('7', '7 = x + y', F),
+        ('f(1)', 'f(2)', F),
+        ('g(2) = 4', 'g(-2) = 4', F),
+        ('12', '1,2', F),
+        ('1.2', '1,2', T),
+        ('13', '1\n3', F),
+        ('2, 3', '23', F),
+        ('6', '2 3', F),
+        ('x + 1', 'x + 1 = 0', F),
     ],
 }
+
+# Rows of the same classes that this grader still misjudges (written with the rows above; not asserted).
+KNOWN_MISSES = [
+    ("3", "x = 3 is the solution.", T),         # the value is before the verb, not after it
+    ("B", "The answer is B, not C.", T),        # "not C" reads as naming a second option
+    ("30", "30^{\\circ}C", T),                 # a unit glued after the degree sign
+    ("12", "12 m^2", T),                        # a one-letter unit with a power could be a variable
+    ("5", "Yani cevap 5'tir.", T),              # Turkish: no marker, and the number does not end it
+]
