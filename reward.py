@@ -49,7 +49,7 @@ from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_ba
 # the answer-string normalisation (cleaning and structure) lives in mathexpr.py beside the parser
 from mathexpr import _SIMPLE_LHS, _clean, _key, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
-from mathexpr import _answer_is, _from_prose, _hashes, _last_boxed, _last_math, _prepare
+from mathexpr import _PROSE, _answer_is, _from_prose, _hashes, _last_boxed, _last_math, _prepare
 
 _parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
 
@@ -494,13 +494,17 @@ def _math_verify_grader():
     def timeout():
         return 5 if threading.current_thread() is threading.main_thread() else None
 
+    def delimited(s):  # a bare answer in $...$, as math-verify reads LaTeX only between delimiters
+        s = str(s)
+        bare = not any(m in s for m in ("$", "\\boxed", "\\(", "\\[")) and not _PROSE.search(s)
+        return f"${s}$" if bare else s
+
     def parse_gold(gold):
-        gold = str(gold)
-        return mv_parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", parsing_timeout=timeout())
+        return mv_parse(delimited(gold), parsing_timeout=timeout())
 
     def verify_pair(gold, pred):
         try:
-            g, p = parse_gold(gold), mv_parse(str(pred), parsing_timeout=timeout())
+            g, p = parse_gold(gold), mv_parse(delimited(pred), parsing_timeout=timeout())
             return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=timeout()))
         except Exception:
             return False
