@@ -497,6 +497,7 @@ _CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
     (r"\b(?:np|math|sp|sympy)\.", ""), (r"\\mathbb\s*\{?R\}?", r"(-\\infty,\\infty)"),
     (r"−", "-"), (r"×", r"\\times "), (r"·", r"\\cdot "), (r"π", r"\\pi "), (r"∞", r"\\infty "),
     (r"√", r"\\sqrt"), (r"[€£¥₹]|\\(?:euro|pounds)" + _NB, " "),  # currency signs (`\$` goes in _clean)
+    (r"\b(?:USD|EUR|GBP|INR|Rs\.?)\s*(?=\d)", ""),  # and currency codes before the amount
 ]]
 
 
@@ -755,7 +756,7 @@ _ANSWER_IS = re.compile(
     r"|\brespuesta\s+(?:final\s+)?(?:es\b|:)|\bréponse\s+(?:finale\s+)?(?:est\b|:)"
     r"|\bantwort\s+(?:ist|lautet)\b|\bantwort\s*:|\bответ\b\s*(?:равен\b|:)?|\brisposta\s+(?:è|e)\b"
     r"|\bresposta\s+(?:é|e)\b|\brisposta\s*:|\bresposta\s*:|答案(?:是|为|為)?\s*[:：]?|答えは|정답은)[\s:*：]*")
-_JOIN_GAP = re.compile(r"[\s,;$]*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
+_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
                        r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
 _PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"

@@ -161,7 +161,8 @@ def _struct_equal(g, p, ctx):
         g = g[1][0]  # {3} vs 3
     if p[0] in ("set", "list") and len(p[1]) == 1 and g[0] not in ("set", "list"):
         p = p[1][0]
-    g, p = (("set", tuple(dict.fromkeys(x[1]))) if x[0] == "set" else x for x in (g, p))  # {1, 2, 2} = {1, 2}
+    if "set" in (g[0], p[0]):  # {1, 2, 2} = {1, 2}, and {2} = 2, 2
+        g, p = ((x[0], tuple(dict.fromkeys(x[1]))) if x[0] in ("set", "list") else x for x in (g, p))
     gk, pk = g[0], p[0]
     if gk == "expr" and pk == "expr":
         return _scalar_equal(g[1], p[1], ctx)
@@ -404,6 +405,10 @@ def _equal(gold, pred, rtol):
     m = _CHOICE.fullmatch(g)
     if m:
         return _choice(m.group(1), p.strip("* "))
+    m = re.fullmatch(r"\(([A-J])\)\s*(?!.*\([A-J]\))([^\s,;].*)", g)  # a gold `(C) 12`: the letter, or 12
+    if m and _CHOICE.fullmatch(p.strip("* ")):
+        return _choice(m.group(1), p.strip("* "))
+    g = m.group(2) if m else g
     for a, b in ((p, g), (g, p)):  # a decimal comma (`3,5`) against a number written with a point
         if _DECIMAL_COMMA.fullmatch(a) and "," not in b and (a is p or "." in b):
             g, p = (g, a.replace(",", ".")) if a is p else (a.replace(",", "."), p)

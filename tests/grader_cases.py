@@ -33,6 +33,8 @@ CLASSES = {
         ('4', '\\boxed{4}\n\nThis is because 2+2 = 4. Hope this helps!', T),
         ('4', '\\boxed{4}<|endoftext|>Human: what is 3+3? Assistant: \\boxed{6}', T),
         ('7', '\\boxed{7}\n\n<|im_start|>user', T),
+        ('2, 3', '$\\boxed{2}$ \\\\ $\\boxed{3}$', T),
+        ('2', '$\\boxed{2}$ \\\\ $\\boxed{3}$', F),
     ],
     # thousands separators, decimal commas, currency, units, percent words, degrees
     "numbers": [
@@ -61,6 +63,7 @@ CLASSES = {
         ('40\\%', '0.4', T),
         ('9', '9 pct', T),
         ('0.09', '9 pct', T),
+        ('5.40', 'USD 5.40', T),
     ],
     # answers in prose in other languages
     "languages": [
@@ -126,6 +129,10 @@ CLASSES = {
         ('B', 'Either A or B', F),
         ('E', '\\textbf{(E) }10', T),
         ('A', 'a', F),
+        ('\\textbf{(C)}\\ 12', 'C', T),
+        ('\\textbf{(C)}\\ 12', '12', T),
+        ('\\textbf{(C)}\\ 12', 'D', F),
+        ('\\textbf{(C)}\\ 12', '13', F),
     ],
     # a labelled gold against the bare value, and the reverse
     "labels": [
@@ -194,6 +201,8 @@ CLASSES = {
         ('1, 2, 3', '1, 2', F),
         ('2, 3', 'x=2; x=3', T),
         ('-2, 2', '\\pm 2', T),
+        ('\\{2\\}', '2, 2', T),
+        ('2', '2, 3', F),
     ],
     # doubled backslashes (JSON or prompt escaping), in the gold or in the answer
     "escaped": [
