@@ -600,11 +600,11 @@ def test_deadline_interrupts_python_code_in_a_worker_thread():
             sum(range(10))
 
     def work():
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # the budget is this thread's CPU time
         try:
             reward._with_deadline(0.2, spin)
         except reward._Timeout:
-            out["elapsed"] = time.perf_counter() - t0
+            out["elapsed"] = time.thread_time() - t0
         out["hook"] = sys.getprofile()
 
     th = threading.Thread(target=work)
