@@ -594,6 +594,8 @@ _OPEN, _CLOSE = "([{", ")]}"
 
 def _split_top(s, sep=","):
     """Split s at `sep` outside any bracket (brackets need not match in kind: `[0,1)`)."""
+    if sep not in s:
+        return [s.strip()]  # most calls: no need for the character loop
     out, depth, cur = [], 0, 0
     i = 0
     while i < len(s):
@@ -870,9 +872,12 @@ def _from_prose(s):
 
 def _answer_is(s):
     """The value after the last 'answer is' / 'answer:' (a math span or the rest of the sentence)."""
-    m = None
-    for m in _ANSWER_IS.finditer(s):
-        pass
+    m, start = None, max(0, len(s) - 5000)
+    for start in (start, 0) if start else (0,):  # the tail first: a long text need not be scanned whole
+        for m in _ANSWER_IS.finditer(s, start):
+            pass
+        if m is not None:
+            break
     if m is None:
         return None
     rest = s[m.end():m.end() + 1000].lstrip()
