@@ -753,11 +753,16 @@ def _flat(items):
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
 # "the answer is" / "answer:" / "**Final Answer**" on its own line, and the same in other languages
 # (a model trained on mixed data answers in the prompt's language); CJK words have no \b after them
+# "Answer" in other languages: the prefixes of simple-evals' MGSM and multilingual MMLU, and a few more
+_ANSWER_WORDS = ("respuesta", "réponse", "antwort", "antwoord", "ответ", "risposta", "resposta", "jibu",
+                 "jawaban", "jawapan", "cevap", "odpowiedź", "svar", "vastaus", "đáp án", "απάντηση",
+                 "উত্তর", "उत्तर", "సమాధానం", "คำตอบ", "الإجابة", "答案", "答え", "정답")
 _ANSWER_IS = re.compile(
     r"(?i)(?:\banswer\b[*\s]*(?:is\b|:)|\bfinal\s+answer\b[*]*[ \t]*(?=\n)"
-    r"|\brespuesta\s+(?:final\s+)?(?:es\b|:)|\bréponse\s+(?:finale\s+)?(?:est\b|:)"
-    r"|\bantwort\s+(?:ist|lautet)\b|\bantwort\s*:|\bответ\b\s*(?:равен\b|:)?|\brisposta\s+(?:è|e)\b"
-    r"|\bresposta\s+(?:é|e)\b|\brisposta\s*:|\bresposta\s*:|答案(?:是|为|為)?\s*[:：]?|答えは|정답은)[\s:*：]*")
+    r"|\brespuesta\s+(?:final\s+)?es\b|\bréponse\s+(?:finale\s+)?est\b|\bantwort\s+(?:ist|lautet)\b"
+    r"|\bответ\b\s*равен\b|\brisposta\s+(?:è|e)\b|\bresposta\s+(?:é|e)\b|\bjawabannya\s+(?:adalah\b)?"
+    r"|đáp án là|答案(?:是|为|為)|答えは|정답은"
+    r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale|finał|finale))?[*\s]*[:：])[\s:*：]*")
 _JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
                        r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`

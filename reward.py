@@ -49,7 +49,7 @@ from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_ba
 # the answer-string normalisation (cleaning and structure) lives in mathexpr.py beside the parser
 from mathexpr import _SIMPLE_LHS, _clean, _key, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
-from mathexpr import _PROSE, _answer_is, _from_prose, _hashes, _last_boxed, _last_math, _prepare
+from mathexpr import _ANSWER_WORDS, _PROSE, _answer_is, _from_prose, _hashes, _last_boxed, _last_math, _prepare
 
 _parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
 
@@ -90,13 +90,11 @@ def extract_answer(text):
     return _extract(text)
 
 
-_MARKERS = re.compile(r"(?i)respuesta|réponse|antwort|ответ|risposta|resposta|答案|答え|정답")  # non-ASCII text
-
-
 def _has_marker(s):
-    """Does s have a final-answer marker? (substring tests first: a regex over a whole response is slow)"""
-    return any(m in s for m in ("\\boxed", "\\fbox", "####", "</think>")) or "answer" in s.lower() \
-        or ("respuesta" in s or "resposta" in s or "risposta" in s or not s.isascii()) and bool(_MARKERS.search(s))
+    """Does s have a final-answer marker? (substring tests: a regex over a whole response is slow)"""
+    low = s.lower()
+    return any(m in s for m in ("\\boxed", "\\fbox", "####", "</think>")) or "answer" in low \
+        or any(w in low for w in _ANSWER_WORDS) or "jawabannya" in low
 
 
 def _final_answer(s):

@@ -87,6 +87,13 @@ CLASSES = {
         ('5', 'Así que el resultado es 6.', F),
         ('\\frac{3}{4}', '所以概率为 $\\frac{3}{4}$。', T),
         ('12', 'Il y a donc 12 billes rouges.', F),
+        ('42', 'Respuesta: 42', T),
+        ('42', 'Jibu: 42', T),
+        ('42', 'উত্তর: 42', T),
+        ('42', 'คำตอบ: 42', T),
+        ('42', 'Vậy đáp án là 42', T),
+        ('42', 'Risposta: 41', F),
+        ('C', 'Respuesta: C', T),
     ],
     # the wrong span taken from prose
     "prose": [
