@@ -61,9 +61,19 @@ TIME_BUDGET = 0.08    # seconds for the slow path of one verify call (realistic 
 
 
 # ----------------------------------------------------------------------------- extraction
+def _stated_math(s):
+    """The last math span of s, or in prose the value it states ("The largest $n$ is 34." -> 34, not
+    n); None if s has no math span (a bare number is no answer for math_reward)."""
+    math = _last_math(s)
+    if math is None:
+        return None
+    stated = _from_prose(s)
+    return math if stated is s else stated
+
+
 def _extract(s):
     """The answer of the first rule that finds one (see extract_answer), or None."""
-    for rule in (_last_boxed, _answer_is, _hashes, _last_math):
+    for rule in (_last_boxed, _answer_is, _hashes, _stated_math):
         ans = rule(s)
         if ans is not None and ans.strip():
             return ans.strip()
@@ -75,9 +85,10 @@ def extract_answer(text):
 
     In order: the last \\boxed{...}/\\fbox{...} with balanced braces (also `\\boxed 5`; boxes in a
     row such as `\\boxed{2}, \\boxed{3}`, or one per labelled part, are joined), else the value after
-    the last "(final) answer is" / "answer:" (also in Spanish, French, German, Italian, Portuguese,
-    Russian, Chinese, Japanese, Korean), else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\),
-    \\[...\\]) span. The text ends at the first end-of-turn marker (`<|im_end|>`, `</s>`, ...). With a
+    the last "(final) answer is" / "answer:" (also "Respuesta:", "答案是", ...: the languages of
+    mathexpr._ANSWER_WORDS), else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\),
+    \\[...\\]) span, or in prose with such spans the value the last sentence states ("The largest $n$
+    is 34." -> 34). The text ends at the first end-of-turn marker (`<|im_end|>`, `</s>`, ...). With a
     `<think>` block, the text after `</think>` is searched first, then the whole text.
     """
     if not isinstance(text, str):
