@@ -449,6 +449,8 @@ EXTRACT = [
     ("First $x = \\boxed{3}$, so the area is $\\boxed{12}$.", "12"),
     ("\\boxed{12}<|im_end|>\n<|im_start|>user\n\\boxed{5}", "12"), ("The answer is \\\\boxed{\\\\frac{3}{4}}", "\\frac{3}{4}"),
     ("Final Answer: the area is 64", "64"), ("So the answer is 12 (since $3 \\cdot 4 = 12$).", "12"),
+    ("The largest $n$ is 34.", "34"), ("The minimum is $-2$, attained at $x = 1$.", "-2"),
+    ("Respuesta: 42", "42"), ("所以这个数是12", None),  # no marker and no math span: no answer for RL
 ]
 
 
@@ -479,6 +481,8 @@ RESPONSES = [
     ("6", "<think>\nThe answer is 6.\n</think>\nThe answer is $\\boxed{7}$.", False),
     ("3", "\\boxed{3} is wrong; the answer is 4.", True),  # a box beats "the answer is" anywhere
     ("2", "x" * 50_000 + " so $\\boxed{2}$", True),
+    ("34", "The largest $n$ is 34.", True), ("12", "**Final Answer**\n\n12<|im_end|>", True),
+    ("5, 7", "(a) $\\boxed{5}$\n(b) $\\boxed{7}$", True), ("C", "Ruling out A and D, the answer is C.", True),
 ]
 
 
