@@ -490,7 +490,8 @@ _CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
     (r"(?<!\\)\\[,:;!> ]", " "), (r"\\q?quad" + _NB, ","),         # spacing; \quad separates answers
     (r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|mathstrut)" + _NB, ""),
     (r"\\[dtc]frac" + _NB, r"\\frac"), (r"\\[dt]binom" + _NB, r"\\binom"),
-    (r"\\(?:leqslant|leqq|leq|le)" + _NB + "|<=|≤|⩽", r" \\le "), (r"\\lt" + _NB, " < "), (r"\\gt" + _NB, " > "),
+    (r"\\(?:leqslant|leqq|leq|le)" + _NB + "|<=|≤|⩽", r" \\le "),
+    (r"\\lt" + _NB, " < "), (r"\\gt" + _NB, " > "),
     (r"\\(?:geqslant|geqq|geq|ge)" + _NB + "|>=|≥|⩾", r" \\ge "), (r"\\(?:neq|ne)" + _NB + "|!=", r" \\ne "),
     (r"\\(?:varnothing|empty)" + _NB + r"|\\\{\s*\\\}", r"\\emptyset"),
     (r"\\langle" + _NB, "("), (r"\\rangle" + _NB, ")"), (r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime" + _NB, "'"),
@@ -642,7 +643,8 @@ def _matrix_sum(s):
         coef = re.sub(r"(?:\\cdot|\\times|\*)$", "", coef).strip()
         if coef and parse(coef) is None:
             return None
-        rows = [[c.strip() for c in r.split("&")] for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
+        rows = [[c.strip() for c in r.split("&")]
+                for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
         term = [[f"{sign}({coef})*({c})" if coef else f"{sign}({c})" for c in r] for r in rows]
         if total is not None and [len(r) for r in total] != [len(r) for r in term]:
             return None
@@ -762,7 +764,7 @@ _ANSWER_IS = re.compile(
     r"|\brespuesta\s+(?:final\s+)?es\b|\bréponse\s+(?:finale\s+)?est\b|\bantwort\s+(?:ist|lautet)\b"
     r"|\bответ\b\s*равен\b|\brisposta\s+(?:è|e)\b|\bresposta\s+(?:é|e)\b|\bjawabannya\s+(?:adalah\b)?"
     r"|đáp án là|答案(?:是|为|為)|答えは|정답은"
-    r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale|finał|finale))?[*\s]*[:：])[\s:*：]*")
+    r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale))?[*\s]*[:：])[\s:*：]*")
 _JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
                        r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`

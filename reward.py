@@ -49,7 +49,8 @@ from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_ba
 # the answer-string normalisation (cleaning and structure) lives in mathexpr.py beside the parser
 from mathexpr import _SIMPLE_LHS, _clean, _key, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
-from mathexpr import _ANSWER_WORDS, _PROSE, _answer_is, _from_prose, _hashes, _last_boxed, _last_math, _prepare
+from mathexpr import (_ANSWER_WORDS, _PROSE, _answer_is, _from_prose, _hashes, _last_boxed, _last_math,
+                      _prepare)
 
 _parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
 
