@@ -848,6 +848,7 @@ _PROSE_ASCII = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-z
 _PROSE = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]")  # ... or a letter of another script
 # the verb before a value in a sentence: "the area is 64", "le nombre est 12", "这个数是12"
 _IS = re.compile(r"(?i)(?:\b(?:is|are|was|equals|be|es|est|ist|è|é|равно|равен)\b|是|为|為)[\s*]*")
+_LEAD_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s+[^\W\d_]+(?:\s+[^\W\d_]+)*\s*[.。]?")  # a number, then words
 # a sentence that ends in its number: "... est 12.", "所以这个数是12"
 _END_NUMBER = re.compile(r"(?:^|[\s:：是为為])(-?\d[\d,]*(?:\.\d+)?(?:\s*\\?%)?)\s*[.。!]?\s*$")
 
@@ -857,14 +858,15 @@ def _from_prose(s):
     34." -> 34), else its last math span, else the number it ends with; s itself when it is not prose
     or states none of these (a gold answer in words stays whole)."""
     outside = "".join(s.replace("$$", "$").split("$")[0::2]) if "$" in s else s
-    if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)):
+    if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)) and not (
+            outside is not s and re.search(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}", outside)):  # "Hence, $x = 5$."
         return s
     m = None
     for m in _IS.finditer(s):
         pass
     if m is not None:
         tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
-        first = next((x.strip() for x in _math_spans(tail) if x.strip()), None) if tail[:1] == "$" else \
+        first = next((x.strip() for x in _math_spans(tail) if x.strip()), None) if "$" in tail else \
             tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
         if first:  # the first math after the verb: "The minimum is $-2$, attained at $x = 1$."
             return first
@@ -873,6 +875,9 @@ def _from_prose(s):
     math = _last_math(s)
     if math is not None:
         return math
+    lead = _LEAD_NUMBER.fullmatch(s.strip())  # "5 яблок", "12 red apples"
+    if lead:
+        return lead.group(1)
     end = _END_NUMBER.search(s[-200:])
     return end.group(1) if end else s
 

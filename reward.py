@@ -72,9 +72,17 @@ def _stated_math(s):
     return math if stated is s else stated
 
 
+def _answer_tag(s):
+    """The content of the last `<answer>...</answer>` (the R1-Zero style format), or None."""
+    j = s.rfind("</answer>")
+    i = s.rfind("<answer>", 0, j) if j > 0 else -1
+    content = s[i + 8:j].strip() if i >= 0 else ""
+    return (_answer_is(content) or _stated_math(content) or _from_prose(content)) if content else None
+
+
 def _extract(s):
     """The answer of the first rule that finds one (see extract_answer), or None."""
-    for rule in (_last_boxed, _answer_is, _hashes, _stated_math):
+    for rule in (_last_boxed, _answer_tag, _answer_is, _hashes, _stated_math):
         ans = rule(s)
         if ans is not None and ans.strip():
             return ans.strip()
@@ -85,7 +93,8 @@ def extract_answer(text):
     """The final answer in `text`, or None if it has none.
 
     In order: the last \\boxed{...}/\\fbox{...} with balanced braces (also `\\boxed 5`; boxes in a
-    row such as `\\boxed{2}, \\boxed{3}`, or one per labelled part, are joined), else the value after
+    row such as `\\boxed{2}, \\boxed{3}`, or one per labelled part, are joined), else the content of
+    the last `<answer>...</answer>`, else the value after
     the last "(final) answer is" / "answer:" (also "Respuesta:", "答案是", ...: the languages of
     mathexpr._ANSWER_WORDS), else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\),
     \\[...\\]) span, or in prose with such spans the value the last sentence states ("The largest $n$

@@ -94,6 +94,9 @@ CLASSES = {
         ('42', 'Vậy đáp án là 42', T),
         ('42', 'Risposta: 41', F),
         ('C', 'Respuesta: C', T),
+        ('5', 'La réponse est donc $5$.', T),
+        ('5', 'Ответ: 5 яблок.', T),
+        ('6', 'Ответ: 5 яблок.', F),
     ],
     # the wrong span taken from prose
     "prose": [
@@ -116,6 +119,11 @@ CLASSES = {
         ('12', 'The final answer is 12 apples.', T),
         ('-2', 'The minimum value is $-2$, attained at $x = 1$.', T),
         ('1', 'The minimum value is $-2$, attained at $x = 1$.', F),
+        ('9', '<answer>9</answer>', T),
+        ('9', '<think>hmm</think><answer>The answer is 9</answer>', T),
+        ('8', '<answer>9</answer>', F),
+        ('5', 'Hence, $x = 5$.', T),
+        ('8', 'Hence, $x = 5$.', F),
     ],
     # multiple-choice letters
     "choices": [
