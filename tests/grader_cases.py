@@ -287,4 +287,5 @@ KNOWN_MISSES = [
     ("30", "30^{\\circ}C", T),                 # a unit glued after the degree sign
     ("12", "12 m^2", T),                        # a one-letter unit with a power could be a variable
     ("5", "Yani cevap 5'tir.", T),              # Turkish: no marker, and the number does not end it
+    ("|a+b| = 5", "5", T),                      # a label with an expression in it reads as an equation
 ]

@@ -451,6 +451,7 @@ EXTRACT = [
     ("Final Answer: the area is 64", "64"), ("So the answer is 12 (since $3 \\cdot 4 = 12$).", "12"),
     ("The largest $n$ is 34.", "34"), ("The minimum is $-2$, attained at $x = 1$.", "-2"),
     ("Respuesta: 42", "42"), ("所以这个数是12", None),  # no marker and no math span: no answer for RL
+    ("<think>so 8?</think><answer>9</answer>", "9"), ("<answer>\\boxed{9}</answer>", "9"),
 ]
 
 
