@@ -884,6 +884,9 @@ def _from_prose(s):
 
 def _answer_is(s):
     """The value after the last 'answer is' / 'answer:' (a math span or the rest of the sentence)."""
+    low = s.lower()
+    if "answer" not in low and not any(w in low for w in _ANSWER_WORDS):
+        return None  # a substring test is much cheaper than the regex over a long text
     m, start = None, max(0, len(s) - 5000)
     for start in (start, 0) if start else (0,):  # the tail first: a long text need not be scanned whole
         for m in _ANSWER_IS.finditer(s, start):
