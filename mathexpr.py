@@ -753,12 +753,12 @@ def _flat(items):
 # languages, GSM8K's `####`, the last math span; and the value a prose sentence states.
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
-# "the answer is" / "answer:" / "**Final Answer**" on its own line, and the same in other languages
-# (a model trained on mixed data answers in the prompt's language); CJK words have no \b after them
 # "Answer" in other languages: the prefixes of simple-evals' MGSM and multilingual MMLU, and a few more
 _ANSWER_WORDS = ("respuesta", "réponse", "antwort", "antwoord", "ответ", "risposta", "resposta", "jibu",
                  "jawaban", "jawapan", "cevap", "odpowiedź", "svar", "vastaus", "đáp án", "απάντηση",
                  "উত্তর", "उत्तर", "సమాధానం", "คำตอบ", "الإجابة", "答案", "答え", "정답")
+# "the answer is" / "answer:" / "**Final Answer**" on its own line, and the same in other languages
+# (a model trained on mixed data answers in the prompt's language); CJK words have no \b after them
 _ANSWER_IS = re.compile(
     r"(?i)(?:\banswer\b[*\s]*(?:is\b|:)|\bfinal\s+answer\b[*]*[ \t]*(?=\n)"
     r"|\brespuesta\s+(?:final\s+)?es\b|\bréponse\s+(?:finale\s+)?est\b|\bantwort\s+(?:ist|lautet)\b"
@@ -807,14 +807,15 @@ def _last_boxed(s):
     boxes = [b for b in boxes if b[2].strip()]
     if not boxes:
         return None
+    boxes = boxes[-20:]  # at most 20 boxes are joined
+    # a part label in the text before each box (after the box before it, within 300 characters)
+    labelled = [bool(_PART.search(s, max(boxes[k - 1][1] if k else 0, b[0] - 300), b[0]))
+                for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [False] * len(boxes)
     parts, start = [boxes[-1][2]], boxes[-1][0]
-    labelled = [_PART.search(s, max(0, b[0] - 300) if k == 0 else max(boxes[k - 1][1], b[0] - 300), b[0])
-                for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [None] * len(boxes)
-    k = len(boxes) - 1
-    for b0, b1, content in reversed(boxes[-20:-1]):
-        k -= 1
-        part = labelled[k] and labelled[k + 1] and not (len(parts) > 1 and not labelled[k + 2])
-        if b1 > start or not (_JOIN_GAP.fullmatch(s[b1:start]) or part):
+    for k in range(len(boxes) - 2, -1, -1):
+        b0, b1, content = boxes[k]
+        by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
+        if b1 > start or not (by_part or _JOIN_GAP.fullmatch(s[b1:start])):
             break
         parts.append(content)
         start = b0
