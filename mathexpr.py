@@ -1,5 +1,7 @@
 """mathexpr.py: a parser and evaluator of scalar math expressions in LaTeX or plain text, whose every
-call takes bounded time and memory (reward.py's value comparison is built on it).
+call takes bounded time and memory (reward.py's value comparison is built on it); and, in the last
+two sections, reward.py's text helpers: the normalisation of whole answer strings that it compares
+(_clean, _key, _structure) and the rules that find an answer in a response (_last_boxed, ...).
 
     parse(s)                  -> (tree, has a decimal literal, frozenset of free symbols), or None
     evaluate(tree, env, B)    -> its value with symbol values env: a Fraction while exact, else a B number
@@ -7,7 +9,8 @@ call takes bounded time and memory (reward.py's value comparison is built on it)
     to_backend(x, B), nodes(tree), Undecided (raised when a value cannot be computed safely)
 
 Syntax: `\\frac{a}{b}`, `\\frac43`, `\\sqrt[3]{x}`, `\\binom{n}{k}`, `|x|`, `\\lfloor x \\rfloor`, `n!`,
-`2^-1`, `x**2`, implicit products (`2xy`, `2\\pi r`), functions with or without parentheses
+`2^-1`, `x**2`, implicit products (`2xy`, `2\\pi r`; not of two numerals: `1 2` is unreadable),
+functions with or without parentheses
 (`\\sin^2 x`, `\\sin^{-1}(x)`, `\\log_2 8`, `ln 2`, `sqrt(x)`), names with subscripts, primes and
 accents (`x_{max}`, `y'`, `\\vec{v}`), `\\infty`, mixed numbers (`1\\frac{4}{5}` = 9/5). `\\log` is
 natural (`lg` is base 10), `e`, `i` and `\\pi` are the constants, and `\\sqrt53` is sqrt(5)*3, as
@@ -130,6 +133,8 @@ class _Parser:
                 self.take()
                 node = ("/" if t in ("/", "\\div") else "*", node, self.signed())
             elif self.starts_atom():
+                if self.peek()[0] == "num" and self.toks[self.i - 1][0] == "num":
+                    raise Undecided("two numbers side by side")  # `1 2 3` (lines run together) is no product
                 node = ("*", node, self.power())
             else:
                 return node
@@ -443,3 +448,465 @@ def nodes(t):
     for a in t[1:]:
         if isinstance(a, tuple):
             yield from nodes(a)
+
+
+# ----------------------------------------------------------------------------- answer strings
+# Normalisation of whole answer strings, for reward.py: _clean (LaTeX noise, units, text, percent and
+# degree marks removed), _key (the string compared first), _structure (tuples, intervals, sets, lists,
+# matrices and relations as nested tuples, whose scalars reward.py compares through parse/evaluate).
+
+def _brace_map(s):
+    """Position of each '{' -> its matching '}', in one linear pass (unmatched ones are absent)."""
+    stack, match = [], {}
+    for m in re.finditer(r"[{}]", s):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            match[stack.pop()] = m.start()
+    return match
+
+
+# ----------------------------------------------------------------------------- cleaning
+_TEXT = re.compile(r"\\(text|textbf|textit|textrm|textnormal|textup|texttt|mathrm|mathbf|mathit|mathsf|"
+                   r"mathtt|mbox|operatorname|boldsymbol|bm|hbox)\s*\{")
+# words split by / ^ . * or spaces (a separator is required: `(a+)*`-style patterns backtrack forever)
+_UNITISH = re.compile(r"[\s~]*[a-zA-Z]+(?:(?:\s*[/^.*]\s*|\s+)[a-zA-Z0-9{}-]+)*[\s~.]*")
+_MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "sqrt", "pi", "and",
+               "or", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "mod", "in", "infty"}
+_UNIT_TAIL = re.compile(r"(?<![\\a-zA-Z])((?:square |sq\.? |cubic )?[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?"
+                        r"(?:(?:\s*[/*]\s*|\s+)[a-zA-Z]+(?:\s*\^\s*\{?-?\d\}?)?)*)\.?\s*$")
+_UNITS = {"cm", "mm", "km", "nm", "kg", "mg", "ml", "ft", "in", "yd", "mi", "hr", "hrs", "min", "sec",
+          "mph", "kmh", "kph", "mol", "rad", "deg", "sq", "eV", "kJ", "kW", "Hz", "Pa",
+          "m", "s", "g", "h", "l", "K", "J", "W", "N", "V"}  # single letters only inside `m/s`
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_SIMPLE_LHS = re.compile(r"(?:\\angle\s*|m\s*\\angle\s*)?(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
+                         r"(?:\^\{?-1\}?)?(?:\([a-zA-Z0-9, ]*\))?")  # x, f(x), a_{n}, f^{-1}(x), \angle ABC
+_NB = r"(?![a-zA-Z])"  # the end of a command name
+_CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
+    (r"(?<=\d)\{,\}(?=\d{3}(?!\d))|(?<=\d),\\!\s*(?=\d{3}(?!\d))", ""),  # 1{,}000, 10,\!080
+    (r"\{,\}", "."),                                                # 3{,}5
+    (r"(?<!\\)\\[()\[\]]", " "),                                    # \( \) \[ \] delimiters
+    (r"\\(?:left|right|[bB]igg?[lr]?)" + _NB + r"(?:\s*\.)?", ""),  # \left( -> (, \right. -> nothing
+    (r"(?<!\\)\\[,:;!> ]", " "), (r"\\q?quad" + _NB, ","),         # spacing; \quad separates answers
+    (r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|mathstrut)" + _NB, ""),
+    (r"\\[dtc]frac" + _NB, r"\\frac"), (r"\\[dt]binom" + _NB, r"\\binom"),
+    (r"\\(?:leqslant|leqq|leq|le)" + _NB + "|<=|≤|⩽", r" \\le "),
+    (r"\\lt" + _NB, " < "), (r"\\gt" + _NB, " > "),
+    (r"\\(?:geqslant|geqq|geq|ge)" + _NB + "|>=|≥|⩾", r" \\ge "), (r"\\(?:neq|ne)" + _NB + "|!=", r" \\ne "),
+    (r"\\(?:varnothing|empty)" + _NB + r"|\\\{\s*\\\}", r"\\emptyset"),
+    (r"\\langle" + _NB, "("), (r"\\rangle" + _NB, ")"), (r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime" + _NB, "'"),
+    (r"\b(?:np|math|sp|sympy)\.", ""), (r"\\mathbb\s*\{?R\}?", r"(-\\infty,\\infty)"),
+    (r"−", "-"), (r"×", r"\\times "), (r"·", r"\\cdot "), (r"π", r"\\pi "), (r"∞", r"\\infty "),
+    (r"√", r"\\sqrt"), (r"[€£¥₹]|\\(?:euro|pounds)" + _NB, " "),  # currency signs (`\$` goes in _clean)
+    (r"\b(?:USD|EUR|GBP|INR|Rs\.?)\s*(?=\d)", ""),  # and currency codes before the amount
+]]
+
+
+def _unwrap_text(s):
+    """Replace \\text{..}-like groups by their content; drop them when they are a unit after a
+    value (`5\\text{ cm}^2`, `3\\mathrm{~m/s}`); turn `\\text{ and }`/`or` into commas."""
+    for _ in range(50):
+        m = _TEXT.search(s)
+        if not m:
+            return s
+        end = _brace_map(s[m.end() - 1:]).get(0)
+        if end is None:
+            return s[:m.start()] + s[m.end():]
+        end += m.end() - 1
+        content, before = s[m.end():end], s[:m.start()].rstrip()
+        unit_tail = re.match(r"(\s*\^\s*\{?\d\}?)?\s*(?:$|[,;)\]]|\\\}|\\text)", s[end + 1:])
+        if re.fullmatch(r"\s*(?:and|or)\s*", content):
+            content = ","
+        elif (m.group(1) in ("text", "mbox", "mathrm", "textrm", "textnormal", "hbox") and unit_tail
+              and before and (before[-1].isalnum() or before[-1] in "}).") and len(content) < 40
+              and _UNITISH.fullmatch(content)):
+            content = ""  # a unit after a value, at the end of the answer or of a tuple entry
+            end += len(unit_tail.group(1) or "")
+        s = s[:m.start()] + " " + content + " " + s[end + 1:]
+    return s
+
+
+def _is_unit(text, glued):
+    """Is `text` (the letters at the end of an answer) a unit? Each word a known unit or a word
+    (3+ letters with a vowel: dollars, eggs, ways); single letters only in compounds (`m/s`)."""
+    words = re.findall(r"[a-zA-Z]+", re.sub(r"^(?:square|sq\.?|cubic) ", "", text))
+    if glued:  # `5cm` but not `2ab`
+        return len(words) == 1 and words[0] in _UNITS and len(words[0]) > 1
+    return all(w.lower() not in _MATH_WORDS and (w in _UNITS and (len(w) > 1 or len(words) > 1)
+                                                  or len(w) > 2 and re.search("[aeiou]", w.lower()))
+               for w in words)
+
+
+def _repeating(m):
+    """`a.b\\overline{c}` (c repeating) as an exact \\frac."""
+    a, b, c = m.group(1) or "0", m.group(2), m.group(3)
+    if len(b) + len(c) > 50:
+        return m.group()
+    return f"\\frac{{{int(a + b + c) - int(a + b)}}}{{{10 ** len(b) * (10 ** len(c) - 1)}}}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _clean(s):
+    """Canonical form of an answer string: (cleaned text, had a percent sign, had a degree sign)."""
+    s = re.sub(r"\s+", " ", s.replace("\\$", " ").replace("$", " ")).strip()  # no long runs below
+    for pattern, repl in _CLEAN:
+        s = pattern.sub(repl, s)
+    s = re.sub(r"(\d*)\.(\d*)\\overline\s*\{(\d+)\}", _repeating, s)
+    s = _unwrap_text(s)
+    s, deg = re.subn(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ" + _NB + r"|\\circ" + _NB + r"|°|\\degree" + _NB
+                     + r"|\bdegrees?\s*$", " ", s)
+    s, pct = re.subn(r"\\?%|\b(?:percent|per\s*cent|pct\.?)\s*$", " ", s)
+    s = re.sub(r"\s+(?:and|or)\s+", ",", s)
+    s = re.sub(r"\s+", " ", s).strip(" ,;:").rstrip(".")
+    for _ in range(2):  # trailing unit words: `18 dollars`, `864 inches^2`, `3 m/s`, `4e33 ergs s^{-1}`
+        m = _UNIT_TAIL.search(s, max(0, len(s) - 60))  # units are short: bounded regex work
+        if not m or not _is_unit(m.group(1), glued=not s[:m.start()][-1:].isspace()):
+            break
+        before = s[:m.start()].rstrip()
+        free_letters = re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", before))
+        ends_in_value = re.search(r"(?:\d|\\[a-zA-Z]+)[\s})\]]*$", before) and re.search(r"\d", before)
+        if free_letters or not ends_in_value:
+            break  # a unit follows a number, not an expression with letters (`2 xy`, `x^2 + 2 ab`)
+        s = before.rstrip(" ,;:")
+    s = re.sub(r"\b(?:infinity|inf|oo)\b|\\infinity|\+\s*\\infty", r"\\infty", s)
+    s = re.sub(r"^(-?)(\d+) (\d+)/(\d+)$", r"\1(\2+\3/\4)", s)  # the mixed number 7 3/4
+    s = re.sub(r"(?i)^(?:all real numbers|the real numbers)$", r"(-\\infty,\\infty)", s)
+    s = re.sub(r"(?i)^(?:no (?:real )?solutions?|none|the empty set|empty set)$", r"\\emptyset", s)
+    if "\\approx" in s or "≈" in s:  # `x \approx 3.14` -> 3.14, `\frac{1}{3} \approx 0.33` -> \frac{1}{3}
+        lhs, rhs = (x.strip() for x in re.split(r"\\approx|≈", s, maxsplit=1))
+        s = rhs if not lhs or _SIMPLE_LHS.fullmatch(lhs) else lhs
+    if _THOUSANDS.fullmatch(s) or re.fullmatch(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
+        s = s.replace(",", "").replace(" ", "")  # only a lone number: in (3,331) or 2500,7500 commas separate
+    s = s.replace(";", ",")  # `1; 2` lists answers as `1, 2` does
+    s = re.sub(r",\s*,", ",", s).strip(" ,;:").rstrip(". ")
+    return s, pct > 0, deg > 0
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _key(s):
+    """The spaces-free string that is compared first (digits apart stay apart: `1 2` is not `12`)."""
+    s = re.sub(r"([_^])([0-9a-zA-Z])", r"\1{\2}", re.sub(r"\s+", "", re.sub(r"(?<=\d)\s+(?=\d)", "~", s)))
+    return re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+
+
+# ----------------------------------------------------------------------------- structure
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _split_top(s, sep=","):
+    """Split s at `sep` outside any bracket (brackets need not match in kind: `[0,1)`)."""
+    if sep not in s:
+        return [s.strip()]  # most calls: no need for the character loop
+    out, depth, cur = [], 0, 0
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif depth == 0 and s.startswith(sep, i):
+            out.append(s[cur:i])
+            cur = i + len(sep)
+            i = cur
+            continue
+        i += 1
+    out.append(s[cur:])
+    return [x.strip() for x in out]
+
+
+def _enclosed(s):
+    """True if s[0] is a bracket whose partner is the last character of s."""
+    depth = 0
+    for i, c in enumerate(s):
+        depth += (c in _OPEN) - (c in _CLOSE)
+        if depth == 0:
+            return i == len(s) - 1
+    return False
+
+
+_INEQ = re.compile(r"(\\le|\\ge|<|>)")
+_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}", re.S)
+_ONE_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*?)\\end\{\1\}", re.S)
+
+
+def _matrix_sum(s):
+    """An unevaluated sum of scalar multiples of matrices (`A + B`, `2A - B`, `\\frac{1}{3}A`) as one
+    matrix whose entries are the expressions `+(c)*(a) - (b)`; None if s is not such a sum."""
+    total, pos, n = None, 0, 0
+    for m in _ONE_MATRIX.finditer(s):
+        coef, sign = s[pos:m.start()].strip(), "+"
+        if coef[:1] in ("+", "-"):
+            sign, coef = coef[0], coef[1:].strip()
+        elif total is not None:
+            return None  # two matrices with no + or - between them: a product
+        coef = re.sub(r"(?:\\cdot|\\times|\*)$", "", coef).strip()
+        if coef and parse(coef) is None:
+            return None
+        rows = [[c.strip() for c in r.split("&")]
+                for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
+        term = [[f"{sign}({coef})*({c})" if coef else f"{sign}({c})" for c in r] for r in rows]
+        if total is not None and [len(r) for r in total] != [len(r) for r in term]:
+            return None
+        total = term if total is None else [[a + b for a, b in zip(x, y)] for x, y in zip(total, term)]
+        pos, n = m.end(), n + 1
+        if n > 20:
+            return None
+    if total is None or s[pos:].strip():
+        return None
+    return ("mat", tuple(tuple(("expr", e) for e in r) for r in total))
+
+
+def _interval(s):
+    """`a < x \\le b`, `x > a`, `x \\le b` as an interval structure, else None."""
+    p = [x.strip() for x in _INEQ.split(s)]
+    ops = set(p[1::2])
+    if len(p) not in (3, 5) or not all(p[0::2]) or len(ops & {"<", "\\le"}) not in (0, len(ops)):
+        return None  # not a chain in one direction
+    if p[1] in (">", "\\ge"):  # read it from the other end
+        p = [{">": "<", "\\ge": "\\le"}.get(x, x) for x in reversed(p)]
+    if len(p) == 3 and not _SIMPLE_LHS.fullmatch(p[0]) and not _SIMPLE_LHS.fullmatch(p[2]):
+        return _solve_linear(*p)
+    if len(p) == 3:
+        p = ["-\\infty", "<"] + p if _SIMPLE_LHS.fullmatch(p[0]) else p + ["<", "\\infty"]
+    if not _SIMPLE_LHS.fullmatch(p[2]):
+        return None
+    brackets = ("[" if p[1] == "\\le" else "(") + ("]" if p[3] == "\\le" else ")")
+    return ("seq", brackets, (("expr", p[0]), ("expr", p[4])))
+
+
+def _solve_linear(a, op, b):
+    """`a < b` (op `<` or `\\le`) in one variable and linear with rational coefficients, solved as an
+    interval: `-y > -4` is (-inf, 4), `2x + 1 < 5` is (-inf, 2), `-3x \\le 3` is [-1, inf); else None."""
+    t = parse(f"{a}-({b})")
+    if t is None or len(t[2]) != 1:
+        return None
+    (v,) = t[2]
+    try:
+        f0, f1, f2 = (evaluate(t[0], {v: Fraction(k)}, FLOAT) for k in (0, 1, 2))
+    except (Undecided, ArithmeticError, ValueError, TypeError):
+        return None
+    if not all(isinstance(f, Fraction) for f in (f0, f1, f2)) or f1 == f0 or f2 - f1 != f1 - f0:
+        return None  # not linear, or not exactly
+    r = -f0 / (f1 - f0)
+    root, closed = ("expr", f"{r.numerator}/{r.denominator}"), op == "\\le"
+    if f1 > f0:  # increasing: a - b < 0 below the root
+        return ("seq", "(" + "])"[not closed], (("expr", "-\\infty"), root))
+    return ("seq", "[("[not closed] + ")", (root, ("expr", "\\infty")))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _structure(s):
+    """A cleaned answer as nested tuples: ('expr', str), ('list'|'set'|'union', items),
+    ('seq', brackets, items) for tuples/intervals, ('mat', rows)."""
+    s = s.strip()
+    if "\\begin{" in s and (s.count("\\begin{") > 1 or not s.startswith("\\begin{")):
+        combined = _matrix_sum(s)
+        if combined:
+            return combined
+    m = _MATRIX.fullmatch(s)
+    if m:
+        rows = [r for r in re.split(r"\\\\(?:\[[^\]]*\])?", m.group(2)) if r.strip()]
+        return ("mat", tuple(tuple(_structure(c) for c in r.split("&")) for r in rows))
+    m = re.match(r"(?:[a-zA-Z]|\\[a-zA-Z]+|\([a-zA-Z, ]+\))(?:_\{?\w+\}?)?\s*(?:\\in|=|:)\s*(?=[(\[{\\])", s)
+    rest = s[m.end():] if m else ""
+    if m and (_enclosed(rest.replace("\\{", "{").replace("\\}", "}")) or rest.count("\\begin{") == 1
+              and _MATRIX.fullmatch(rest)):
+        return _structure(rest)  # x \in [2, 5],  S = \{1, 2\},  (x, y) = (1, 2),  v = \begin{pmatrix}..
+    if s.startswith("{") and _enclosed(s):
+        return _structure(s[1:-1])  # a LaTeX group: {1,2,3} renders as 1,2,3
+    union = _split_top(s, "\\cup")
+    if len(union) > 1:
+        parts = tuple(_structure(u) for u in union)
+        if all(u[0] == "set" for u in parts):  # {1,2} \cup {3} = {1,2,3}
+            return ("set", tuple(x for u in parts for x in u[1]))
+        return ("union", parts)
+    items = _split_top(s)
+    if len(items) > 1:
+        return ("list", _flat(items))
+    if s.startswith("\\{") and s.endswith("\\}") and _enclosed(s[1:-2] + "}"):
+        return ("set", _flat(_split_top(s[2:-2])))
+    if len(s) > 1 and s[0] in "([" and s[-1] in ")]" and _enclosed(s):
+        inner = _split_top(s[1:-1])
+        if len(inner) == 1:
+            return _structure(inner[0])
+        return ("seq", s[0] + s[-1], tuple(_structure(x) for x in inner))
+    pm = re.search(r"\\(?:pm|mp)(?![a-zA-Z])", s)
+    if pm and s.count("\\pm") + s.count("\\mp") == 1:
+        a, b = s[:pm.start()], s[pm.end():]
+        return ("list", (("expr", f"{a}+{b}"), ("expr", f"{a}-{b}")))
+    return _interval(s) or ("expr", s)
+
+
+def _flat(items):
+    """Structures of list items, with `a \\pm b` items spliced in as two."""
+    out = []
+    for x in items:
+        st = _structure(x) if x else None
+        out.extend(st[1] if st and st[0] == "list" else [st] if st else [])
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- answers in text
+# The rules that find the final answer in a response (reward.extract_answer chains them): the last
+# \boxed{} (with the boxes that belong with it), the value after 'the answer is' in several
+# languages, GSM8K's `####`, the last math span; and the value a prose sentence states.
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
+# "Answer" in other languages: the prefixes of simple-evals' MGSM and multilingual MMLU, and a few more
+_ANSWER_WORDS = ("respuesta", "réponse", "antwort", "antwoord", "ответ", "risposta", "resposta", "jibu",
+                 "jawaban", "jawapan", "cevap", "odpowiedź", "svar", "vastaus", "đáp án", "απάντηση",
+                 "উত্তর", "उत्तर", "సమాధానం", "คำตอบ", "الإجابة", "答案", "答え", "정답")
+# "the answer is" / "answer:" / "**Final Answer**" on its own line, and the same in other languages
+# (a model trained on mixed data answers in the prompt's language); CJK words have no \b after them
+_ANSWER_IS = re.compile(
+    r"(?i)(?:\banswer\b[*\s]*(?:is\b|:)|\bfinal\s+answer\b[*]*[ \t]*(?=\n)"
+    r"|\brespuesta\s+(?:final\s+)?es\b|\bréponse\s+(?:finale\s+)?est\b|\bantwort\s+(?:ist|lautet)\b"
+    r"|\bответ\b\s*равен\b|\brisposta\s+(?:è|e)\b|\bresposta\s+(?:é|e)\b|\bjawabannya\s+(?:adalah\b)?"
+    r"|đáp án là|答案(?:是|为|為)|答えは|정답은"
+    r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale))?[*\s]*[:：])[\s:*：]*")
+_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
+                       r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
+# a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
+_PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
+                   r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
+# the end of the model's turn: whatever follows (a new user turn, another answer) is not its answer
+_END_OF_TURN = re.compile(r"<\|(?:im_end|im_start|eot_id|endoftext|end|start_header_id|user|assistant)\|>"
+                          r"|</s>|<end_of_turn>|<start_of_turn>|\[/?INST\]")
+
+
+def _prepare(text):
+    """The text as the grader reads it: cut at the first end-of-turn marker (`<|im_end|>`...), and
+    with doubled backslashes undone when every command is written with two (`\\\\frac` from a JSON or
+    a prompt template; a matrix row break `\\\\` alone is left as it is)."""
+    if "<|" in text or "</s>" in text or "_of_turn>" in text or "INST]" in text:
+        parts = [x for x in _END_OF_TURN.split(text, maxsplit=20) if x.strip()]
+        text = parts[0] if parts else ""
+    if "\\\\" in text and re.search(r"\\\\(?:[a-zA-Z]{2,}|[{}])", text) \
+            and not re.search(r"(?<!\\)\\(?:[a-zA-Z]{2,}|[{}])", text):
+        text = text.replace("\\\\", "\\")
+    return text
+
+
+def _last_boxed(s):
+    """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
+    belong with it joined by ', ': boxes directly before it (only commas, 'and', `$` between), or one
+    box per labelled part (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
+    boxes, match = [], None
+    for m in _BOXED.finditer(s):
+        j = m.end()
+        if j < len(s) and s[j] == "{":
+            match = _brace_map(s) if match is None else match
+            if j not in match:
+                continue  # unbalanced, e.g. truncated output
+            boxes.append((m.start(), match[j] + 1, s[j + 1:match[j]]))
+        else:
+            tok = re.match(r"[^\s$]+", s[j:j + 200])
+            if tok:
+                boxes.append((m.start(), j + tok.end(), tok.group()))
+    boxes = [b for b in boxes if b[2].strip()]
+    if not boxes:
+        return None
+    boxes = boxes[-20:]  # at most 20 boxes are joined
+    # a part label in the text before each box (after the box before it, within 300 characters)
+    labelled = [bool(_PART.search(s, max(boxes[k - 1][1] if k else 0, b[0] - 300), b[0]))
+                for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [False] * len(boxes)
+    parts, start = [boxes[-1][2]], boxes[-1][0]
+    for k in range(len(boxes) - 2, -1, -1):
+        b0, b1, content = boxes[k]
+        by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
+        if b1 > start or not (by_part or _JOIN_GAP.fullmatch(s[b1:start])):
+            break
+        parts.append(content)
+        start = b0
+    return ", ".join(p.strip() for p in reversed(parts))
+
+
+def _math_spans(s):
+    """Contents of the complete `$...$` / `$$...$$` spans of s, in order (linear time)."""
+    parts = s.replace("\\$", "").replace("$$", "$").split("$")
+    return parts[1:len(parts) - (len(parts) % 2 == 0):2]
+
+
+def _last_math(s):
+    """Content of the last non-empty `$...$`, `\\(...\\)` or `\\[...\\]` span, or None."""
+    best, best_end = None, -1
+    spans = [x for x in _math_spans(s) if x.strip()]
+    if spans:
+        best, best_end = spans[-1], s.rfind("$")
+    for a, b in (("\\(", "\\)"), ("\\[", "\\]")):
+        j = s.rfind(b)
+        i = s.rfind(a, 0, j) if j > 0 else -1
+        if i >= 0 and j > best_end and s[i + 2:j].strip():
+            best, best_end = s[i + 2:j], j
+    return best.strip() if best is not None else None
+
+
+# the end of the answer's sentence: a full stop, a new line, or a clause that explains it
+_SENTENCE_END = re.compile(r"\n|[.。](?:\s|$)|。|です|입니다|,?\s+(?:since|because|which|so|where|but|as)\b"
+                           r"|\s+\((?:since|because|as|by|from|using)\b")
+_PROSE_ASCII = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})")  # two words
+_PROSE = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]")  # ... or a letter of another script
+# the verb before a value in a sentence: "the area is 64", "le nombre est 12", "这个数是12"
+_IS = re.compile(r"(?i)(?:\b(?:is|are|was|equals|be|es|est|ist|è|é|равно|равен)\b|是|为|為)[\s*]*")
+_LEAD_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s+[^\W\d_]+(?:\s+[^\W\d_]+)*\s*[.。]?")  # a number, then words
+# a sentence that ends in its number: "... est 12.", "所以这个数是12"
+_END_NUMBER = re.compile(r"(?:^|[\s:：是为為])(-?\d[\d,]*(?:\.\d+)?(?:\s*\\?%)?)\s*[.。!]?\s*$")
+
+
+def _from_prose(s):
+    """The value a sentence states: the math or number after its last 'is' / '=' ("The largest $n$ is
+    34." -> 34), else its last math span, else the number it ends with; s itself when it is not prose
+    or states none of these (a gold answer in words stays whole)."""
+    outside = "".join(s.replace("$$", "$").split("$")[0::2]) if "$" in s else s
+    if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)) and not (
+            outside is not s and re.search(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}", outside)):  # "Hence, $x = 5$."
+        return s
+    m = None
+    for m in _IS.finditer(s):
+        pass
+    if m is not None:
+        tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
+        first = next((x.strip() for x in _math_spans(tail) if x.strip()), None) if "$" in tail else \
+            tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
+        if first:  # the first math after the verb: "The minimum is $-2$, attained at $x = 1$."
+            return first
+        if tail and not _PROSE.search(tail) and re.search(r"\d", tail):
+            return tail.strip("$ ")
+    math = _last_math(s)
+    if math is not None:
+        return math
+    lead = _LEAD_NUMBER.fullmatch(s.strip())  # "5 яблок", "12 red apples"
+    if lead:
+        return lead.group(1)
+    end = _END_NUMBER.search(s[-200:])
+    return end.group(1) if end else s
+
+
+def _answer_is(s):
+    """The value after the last 'answer is' / 'answer:' (a math span or the rest of the sentence)."""
+    low = s.lower()
+    if "answer" not in low and not any(w in low for w in _ANSWER_WORDS):
+        return None  # a substring test is much cheaper than the regex over a long text
+    m, start = None, max(0, len(s) - 5000)
+    for start in (start, 0) if start else (0,):  # the tail first: a long text need not be scanned whole
+        for m in _ANSWER_IS.finditer(s, start):
+            pass
+        if m is not None:
+            break
+    if m is None:
+        return None
+    rest = s[m.end():m.end() + 1000].lstrip()
+    for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if rest.startswith(a):
+            j = rest.find(b, len(a))
+            if j > len(a):
+                return rest[len(a):j].strip()
+    line = _SENTENCE_END.split(rest, maxsplit=1)[0].strip(" *.")
+    return _from_prose(line).strip(" *.") if line else None
+
+
+def _hashes(s):
+    """GSM8K's final answer: the rest of the line after the last `####`."""
+    i = s.rfind("####")
+    return s[i + 4:].split("\n", 1)[0].strip() or None if i >= 0 else None

@@ -6,8 +6,15 @@ answer. The correct one boxes the gold in another way of writing it (\\dfrac, \\
 decimal, reordered list, `x = ...`, a unit, thousands commas, ...); the wrong one boxes a nearby
 different answer (the next problem's gold, or the gold with a number changed).
 Hostile set: the inputs of the fuzz test (huge towers, deep nesting, 100k-character strings, ...).
+Class tables: tests/grader_cases.py, the rows of each class of misjudgement of issue 14; the
+agreement per class is printed (the speed sets measure speed; these measure judgement).
 
-    python bench/bench_reward.py [--data ../shared/data] [--limit N]
+    python bench/bench_reward.py [--data ../shared/data] [--limit N] [--classes-only]
+    python bench/bench_reward.py --grader-dir OLD_CHECKOUT   # the same figures for another reward.py
+    python bench/bench_reward.py --grader math_verify         # needs math-verify installed
+
+--grader-dir imports reward.py / mathexpr.py from another directory (e.g. an old commit checked
+out with `git worktree add`), so that before/after figures come from the same script and cases.
 
 Caches are cleared before each set, so every distinct answer is parsed once, as in training where
 each gold is graded against a group of responses. Also printed: the accuracy on the realistic set
@@ -24,6 +31,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+for _i, _a in enumerate(sys.argv):  # before `import reward`: which reward.py to measure
+    if _a == "--grader-dir" and _i + 1 < len(sys.argv):
+        sys.path.insert(0, os.path.abspath(sys.argv[_i + 1]))
 import reward  # noqa: E402
 
 FILES = ["math500", "minerva_math", "olympiadbench", "gsm8k_test", "aime24", "amc23"]
@@ -90,29 +100,62 @@ def realistic_pairs(data, limit):
 
 
 def clear_caches():
-    for f in (reward._clean, reward._structure, reward._parse):
-        f.cache_clear()
+    for f in (getattr(reward, n, None) for n in ("_clean", "_structure", "_parse")):
+        if f is not None:
+            f.cache_clear()
 
 
-def run(pairs):
+def run(pairs, verify):
     clear_caches()
     times, results = [], []
-    t_all = time.perf_counter()
+    t_all, cpu_all = time.perf_counter(), time.thread_time()
+    cpu_times = []
     for gold, pred, _ in pairs:
-        t0 = time.perf_counter()
-        results.append(reward.verify(gold, pred))
+        t0, c0 = time.perf_counter(), time.thread_time()
+        results.append(verify(gold, pred))
         times.append(time.perf_counter() - t0)
-    total = time.perf_counter() - t_all
+        cpu_times.append(time.thread_time() - c0)
+    total, cpu = time.perf_counter() - t_all, time.thread_time() - cpu_all
     times.sort()
     q = lambda p: times[min(len(times) - 1, int(p * len(times)))] * 1e3
+    global CPU_RATE, CPU_P99, CPU_MAX  # CPU time: comparable when other work loads the machine
+    cpu_times.sort()
+    CPU_RATE, CPU_P99, CPU_MAX = len(pairs) / cpu, cpu_times[int(0.99 * len(cpu_times))] * 1e3, cpu_times[-1] * 1e3
     return results, len(pairs) / total, q(0.5), q(0.99), times[-1] * 1e3
+
+
+CPU_RATE = CPU_P99 = CPU_MAX = None
+
+
+def class_tables(verify, show=True):
+    """Agreement with the hand-written label on each class table of tests/grader_cases.py."""
+    from grader_cases import CLASSES
+    total = agree = 0
+    print("class tables (tests/grader_cases.py): agreement with the label")
+    for name, rows in CLASSES.items():
+        wrong = [(g, p, want) for g, p, want in rows if bool(verify(g, p)) is not want]
+        total, agree = total + len(rows), agree + len(rows) - len(wrong)
+        print(f"  {name:16s} {len(rows) - len(wrong):3d}/{len(rows):<3d}")
+        for g, p, want in wrong if show else ():
+            print(f"      expected {want}: gold {g!r} vs {p[-120:]!r}")
+    print(f"  {'all':16s} {agree:3d}/{total:<3d} ({100 * agree / total:.1f}%)")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
     ap.add_argument("--limit", type=int, default=10_000, help="problems per file")
+    ap.add_argument("--grader-dir", help="import reward.py from this directory instead")
+    ap.add_argument("--grader", default="rule", help="a name of reward.GRADERS (e.g. math_verify)")
+    ap.add_argument("--classes-only", action="store_true", help="only the class tables")
+    ap.add_argument("--no-hostile", action="store_true", help="skip the hostile set (math-verify: 5 s a call)")
     args = ap.parse_args()
+    print(f"reward.py: {os.path.abspath(reward.__file__)}   grader: {args.grader}")
+    make = getattr(reward, "make_grader", None)
+    verify = reward.verify if args.grader == "rule" and make is None else make(args.grader).verify
+    class_tables(verify)
+    if args.classes_only:
+        return
     print(f"load average: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
     t0 = time.perf_counter()
     import mpmath  # noqa: F401  (reward imports it lazily on its slow path; not timed below)
@@ -121,23 +164,31 @@ def main():
     pairs = realistic_pairs(args.data, args.limit)
     if not pairs:
         sys.exit(f"no benchmark files found in {args.data}")
-    results, rate, p50, p99, mx = run(pairs)
+    results, rate, p50, p99, mx = run(pairs, verify)
     ok = sum(r == want for r, (_, _, want) in zip(results, pairs))
     n_true = sum(w for *_, w in pairs)
     print(f"realistic: {len(pairs)} pairs ({n_true} correct, {len(pairs) - n_true} wrong responses)")
     print(f"  {rate:8.0f} verifications/s   p50 {p50:.3f} ms   p99 {p99:.3f} ms   max {mx:.1f} ms")
+    print(f"  in CPU time: {CPU_RATE:8.0f} verifications/s   p99 {CPU_P99:.3f} ms   max {CPU_MAX:.1f} ms")
     print(f"  agreement with the intended label: {ok}/{len(pairs)}")
     for (g, p, want), r in zip(pairs, results):
         if r != want:
             print(f"    expected {want}: gold {g!r} vs {reward.extract_answer(p)!r}")
+    if args.grader != "rule":
+        base = [reward.verify(g, p) for g, p, _ in pairs]
+        diff = sum(a != bool(b) for a, b in zip(base, results))
+        print(f"  disagreements with the rule grader: {diff}/{len(pairs)}")
 
+    if args.no_hostile:
+        return
     from test_reward import _hostile_inputs
     golds = ["9^{9^{9}}", "\\frac{1}{2}", "x^2+1", "(1,2)", "10^{10^{10}}!", "2"]
     hostile = [(golds[k % len(golds)], s, False) for k, s in enumerate(_hostile_inputs(2000))]
     hostile += [(s, g, False) for g, s, _ in hostile]
-    _, rate, p50, p99, mx = run(hostile)
+    _, rate, p50, p99, mx = run(hostile, verify)
     print(f"hostile: {len(hostile)} calls (each input as pred and as gold)")
     print(f"  {rate:8.0f} verifications/s   p50 {p50:.3f} ms   p99 {p99:.3f} ms   max {mx:.1f} ms")
+    print(f"  in CPU time: {CPU_RATE:8.0f} verifications/s   p99 {CPU_P99:.3f} ms   max {CPU_MAX:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ FLOATS = [
     ("\\sin^2 x + \\cos^2 x", {"x": Fr(7, 5)}, 1.0), ("\\log_2 8", {}, 3.0), ("\\ln e^3", {}, 3.0),
     ("\\log 100", {}, math.log(100)), ("\\sin^{-1}(1/2)", {}, math.pi / 6), ("e^{i\\pi}", {}, -1.0),
     ("\\sqrt{-4}", {}, 2j), ("\\tan\\frac{\\pi}{4}", {}, 1.0), ("\\binom{1/2}{1}", {}, 0.5),
+    # odd roots of negative non-cubes: the real root, not the principal complex one (0.63 + 1.09i)
+    ("\\sqrt[3]{-2}", {}, -(2 ** (1 / 3))), ("\\sqrt[5]{-7}", {}, -(7 ** (1 / 5))),
 ]
 
 
@@ -86,6 +88,7 @@ def test_mp_backend_has_50_digits():
     assert not isinstance(v, Fr) and abs(v / 2 ** 10001 - 1) < 1e-40
     assert abs(to_backend(Fr(1, 3), mp) * 3 - 1) < 1e-45
     assert to_backend(Fr(1, 3), FLOAT) == complex(1 / 3) and to_backend(2j, FLOAT) == 2j
+    assert abs(value("\\sqrt[3]{-2}", mp) ** 3 + 2) < 1e-45  # the real cube root at 50 digits too
 
 
 HUGE = ["9^{9^{9}}", "10^{10^{10}}!", "2^{2^{2^{2^{2^{2}}}}}", "(10^{400})!",

@@ -17,6 +17,7 @@ import time
 import pytest
 
 import reward
+from grader_cases import CLASSES
 from reward import extract_answer, math_reward, verify
 
 T, F = True, False
@@ -345,6 +346,34 @@ def test_pairs_symmetric(gold, pred, same):
     assert verify(pred, gold) is same, (pred, gold)
 
 
+CLASS_ROWS = [(name, g, p, s) for name, rows in CLASSES.items() for g, p, s in rows]
+
+
+@pytest.mark.parametrize("cls,gold,pred,same", CLASS_ROWS, ids=[f"{r[0]}-{i}" for i, r in enumerate(CLASS_ROWS)])
+def test_class_tables(cls, gold, pred, same):
+    """The rows of tests/grader_cases.py, one table per class of misjudgement of issue 14."""
+    assert verify(gold, pred) is same, (cls, gold, pred)
+
+
+def test_class_tables_have_both_sides():
+    for name, rows in CLASSES.items():
+        assert len(rows) >= 10, name
+        if name != "false_positives":
+            assert any(s for *_, s in rows) and any(not s for *_, s in rows), name
+
+
+def test_odd_roots_of_negative_numbers_that_are_not_cubes():
+    """The real odd root of a negative non-cube goes through the float path (no exact value):
+    it must stay the real root, -2^(1/3) ~ -1.2599, not the principal complex one."""
+    assert verify("\\sqrt[3]{-2}", "-\\sqrt[3]{2}") is True
+    assert verify("\\sqrt[3]{-2}", "-1.2599") is True
+    assert verify("-1.2599", "\\sqrt[3]{-2}") is True
+    assert verify("\\sqrt[3]{-2}", "1.2599") is False
+    assert verify("\\sqrt[3]{-2}", "\\sqrt[3]{2}") is False
+    assert verify("\\sqrt[5]{-3}", "-\\sqrt[5]{3}") is True
+    assert verify("\\sqrt[3]{-2} + x", "x - 2^{1/3}") is True
+
+
 def test_against_sympy_on_its_own_latex():
     """An independent reference: expressions built in sympy, each printed by sympy.latex in several
     equivalent forms (expanded, factored, simplified); every pair of forms must verify exactly when
@@ -414,6 +443,15 @@ EXTRACT = [
     ("\\boxed{}", None),
     ("It costs $5 and $6", "5 and"),
     ("$$x^2$$", "x^2"),
+    # issue 14: languages, '**Final Answer**' lines, parts, end of turn, escaped backslashes, prose
+    ("Por lo tanto, la respuesta es $12$.", "12"), ("因此，答案是 42。", "42"), ("Die Antwort ist 7.", "7"),
+    ("**Final Answer**\n\n12", "12"), ("(a) $\\boxed{5}$\n(b) $\\boxed{7}$", "5, 7"),
+    ("First $x = \\boxed{3}$, so the area is $\\boxed{12}$.", "12"),
+    ("\\boxed{12}<|im_end|>\n<|im_start|>user\n\\boxed{5}", "12"), ("The answer is \\\\boxed{\\\\frac{3}{4}}", "\\frac{3}{4}"),
+    ("Final Answer: the area is 64", "64"), ("So the answer is 12 (since $3 \\cdot 4 = 12$).", "12"),
+    ("The largest $n$ is 34.", "34"), ("The minimum is $-2$, attained at $x = 1$.", "-2"),
+    ("Respuesta: 42", "42"), ("所以这个数是12", None),  # no marker and no math span: no answer for RL
+    ("<think>so 8?</think><answer>9</answer>", "9"), ("<answer>\\boxed{9}</answer>", "9"),
 ]
 
 
@@ -444,6 +482,8 @@ RESPONSES = [
     ("6", "<think>\nThe answer is 6.\n</think>\nThe answer is $\\boxed{7}$.", False),
     ("3", "\\boxed{3} is wrong; the answer is 4.", True),  # a box beats "the answer is" anywhere
     ("2", "x" * 50_000 + " so $\\boxed{2}$", True),
+    ("34", "The largest $n$ is 34.", True), ("12", "**Final Answer**\n\n12<|im_end|>", True),
+    ("5, 7", "(a) $\\boxed{5}$\n(b) $\\boxed{7}$", True), ("C", "Ruling out A and D, the answer is C.", True),
 ]
 
 
@@ -481,6 +521,22 @@ def test_math_reward():
     assert math_reward("0.5", "0.5") == 0.0  # a bare response has no extractable answer: no credit
     with pytest.raises(TypeError, match="response"):
         math_reward(None, "1")
+
+
+def test_make_grader():
+    """The config's `reward:` names a grader; math-verify is optional and imported only when chosen."""
+    import importlib.util
+    rule = reward.make_grader("rule")
+    assert rule("Thus $\\boxed{\\frac12}$.", "0.5") == 1.0 and rule("I do not know", "1", no_answer_penalty=1) == -1.0
+    assert rule.verify("2:5", "AB:CD = 2:5") is True
+    with pytest.raises(ValueError, match="math_verify"):
+        reward.make_grader("sympy")
+    if importlib.util.find_spec("math_verify") is None:
+        with pytest.raises(ImportError, match="pip install math-verify"):
+            reward.make_grader("math_verify")
+    else:
+        mv = reward.make_grader("math_verify")
+        assert mv("Thus $\\boxed{\\frac12}$.", "0.5") == 1.0 and mv("Thus $\\boxed{3}$.", "0.5") == 0.0
 
 
 def test_verify_in_threads():
@@ -549,11 +605,11 @@ def test_deadline_interrupts_python_code_in_a_worker_thread():
             sum(range(10))
 
     def work():
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # the budget is this thread's CPU time
         try:
             reward._with_deadline(0.2, spin)
         except reward._Timeout:
-            out["elapsed"] = time.perf_counter() - t0
+            out["elapsed"] = time.thread_time() - t0
         out["hook"] = sys.getprofile()
 
     th = threading.Thread(target=work)
@@ -581,6 +637,28 @@ def test_timeout_means_not_equal(monkeypatch):
     assert verify("(y+1)^2", "y^2+2y+1") is False  # needs the slow path, which has no time left
     monkeypatch.undo()
     assert verify("(y+1)^2", "y^2+2y+1") is True
+
+
+def _sets_of_pairs(n, reordered):
+    """`\\{2y, 2z\\}, \\{3y, 3z\\}, ...`, or the same sets written `\\{zk, yk\\}` in reverse order."""
+    ks = range(n + 1, 1, -1) if reordered else range(2, n + 2)
+    return ", ".join(f"\\{{z{k}, y{k}\\}}" if reordered else f"\\{{{k}y, {k}z\\}}" for k in ks)
+
+
+def test_default_time_budget_gives_up_on_a_quadratic_list():
+    """120 two-element sets against the same sets reordered: sets cannot be paired by value, so it
+    takes O(n^2) set comparisons, ~3 s of work on this project's 2-core machine. The default budget
+    must give up long before: this fails if TIME_BUDGET is raised tenfold (0.8 s of CPU), so
+    that the worst call stays near 0.1 s."""
+    gold, pred = _sets_of_pairs(120, False), _sets_of_pairs(120, True)
+    assert len(gold) < reward.MAX_ANSWER and len(pred) < reward.MAX_ANSWER  # no shortcut
+    reward._clean.cache_clear(), reward._structure.cache_clear(), reward._parse.cache_clear()
+    verify("\\sqrt{2}", "2^{1/2}")  # mpmath imported (once per process) before the clock starts
+    t0 = time.thread_time()  # the budget is CPU time: a loaded machine does not make this flaky
+    assert verify(gold, pred) is False  # not computed in time: not equal
+    assert time.thread_time() - t0 < 0.4
+    # the same kind of pair, small enough to finish: the False above is the budget's
+    assert verify(_sets_of_pairs(5, False), _sets_of_pairs(5, True)) is True
 
 
 def test_fuzz_hostile_inputs_never_raise_or_hang():
