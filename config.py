@@ -38,6 +38,7 @@ class Config:
     weight_decay: float = 0.0            # AdamW weight decay
     betas: tuple = (0.9, 0.999)          # AdamW betas
     grad_clip: float = 1.0               # max global gradient norm
+    reward: str = "rule"                 # grader: rule (reward.py) | math_verify (pip install math-verify)
     format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py)
     no_answer_penalty: float = 0.0       # minus this for a response with no final answer
     dynamic_sampling: bool | None = None  # DAPO: drop groups with equal rewards; null: on for dapo
@@ -69,7 +70,8 @@ class Config:
         for name in ("model", "train_data"):
             if not getattr(self, name):
                 raise ValueError(f"config: `{name}` is required")
-        for name, allowed in (("train_dtype", ("auto", "float32", "bfloat16")),
+        for name, allowed in (("reward", ("rule", "math_verify")),
+                              ("train_dtype", ("auto", "float32", "bfloat16")),
                               ("dtype", ("auto", "float32", "bfloat16", "float16"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")

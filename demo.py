@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import re
 import time
 
 import torch
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from transformers import (AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM,
                           Qwen2Tokenizer)
 
+import reward
 from data import build_prompt, load_problems
 
 PAD, EOS = "<|pad|>", "<|eos|>"
@@ -233,12 +233,6 @@ def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, o
     return splits
 
 
-def grade(response, answer):
-    """1.0 if the last \\boxed{...} in `response` equals `answer` (both stripped), else 0.0."""
-    found = re.findall(r"\\boxed\{([^{}]*)\}", response)
-    return float(bool(found) and found[-1].strip() == str(answer).strip())
-
-
 # ----------------------------------------------------------------------------------------------
 # Supervised pre-training on worked solutions
 
@@ -367,7 +361,7 @@ def evaluate(model_dir, rows, *, template=DEMO_TEMPLATE, temperatures=(1.0, 0.0)
         n = samples if temp else 1
         resp = generate(model, tokenizer, prompts * n, temperature=temp,
                         max_new_tokens=max_new_tokens, seed=seed)
-        acc = sum(grade(x, r["answer"]) for x, r in zip(resp, rows * n)) / len(resp)
+        acc = sum(reward.grade(x, r["answer"])[1] for x, r in zip(resp, rows * n)) / len(resp)
         length = sum(len(tokenizer(x, add_special_tokens=False)["input_ids"]) for x in resp) / len(resp)
         result[temp] = (acc, length)
     return result

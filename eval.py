@@ -195,6 +195,9 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-template", help="'{problem}' template overriding the checkpoint's; "
                                               "'default' for the chat template (or plain)")
     ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS)
+    ap.add_argument("--grader", default="rule", choices=sorted(reward.GRADERS),
+                    help="rule (reward.py) or math_verify (needs `pip install math-verify`), to "
+                         "reproduce papers that graded with it")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--chunk-size", type=int, help="problems per generate call "
                                                    "(default: ceil(1024 / n)); part of the seed")
@@ -263,13 +266,13 @@ def chunk_seed(seed, benchmark, chunk):
     return int.from_bytes(digest, "little") % 2**31
 
 
-def grade(text, gold):
-    """(extracted answer or None, correct): reward.py's grading, as math_reward does it."""
-    try:
-        answer = reward.extract_answer(text)
-    except Exception:
-        answer = None
-    return answer, answer is not None and reward.verify(gold, answer)
+def make_judge(name):
+    """(text, gold) -> (extracted answer or None, correct) by the grader `name`: reward.grade, or
+    math-verify's verdict beside reward.py's extracted answer (shown, and voted on by maj@k)."""
+    if name == "rule":
+        return reward.grade
+    grader = reward.make_grader(name)
+    return lambda text, gold: (reward.grade(text, gold)[0], grader(text, gold) >= 1.0)
 
 
 def my_chunks(n_problems, chunk_size, rank, world):
@@ -284,7 +287,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
     Each record: {"index", "problem", "gold", "samples": [...], "metrics": {...}}. Problems
     whose prompt leaves no room to generate get n empty, wrong samples (finish "prompt_too_long").
     """
-    records = []
+    records, judge = [], make_judge(args.grader)
     for c, idx in my_chunks(len(rows), args.chunk_size, rank, world):
         fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
         t = time.time()
@@ -297,7 +300,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
             samples = []
             for s in outs.get(i, [None] * args.n):
                 text = s.text if s else ""
-                answer, correct = grade(text, rows[i]["answer"]) if s else (None, False)
+                answer, correct = judge(text, rows[i]["answer"]) if s else (None, False)
                 samples.append({"response": text, "answer": answer, "correct": bool(correct),
                                 "tokens": len(s.response_ids) if s else 0,
                                 "finish_reason": s.finish_reason if s else "prompt_too_long"})
@@ -375,7 +378,7 @@ def main(argv=None):
            "config": {"n": args.n, "k": args.ks, "temperature": args.temperature,
                       "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
                       "max_model_len": max_model_len, "greedy": args.greedy, "seed": args.seed,
-                      "prompt_template": args.template, "backend": args.backend,
+                      "prompt_template": args.template, "backend": args.backend, "grader": args.grader,
                       "chunk_size": args.chunk_size, "world_size": world,
                       "files": {k: os.path.abspath(v) for k, v in args.files.items()}},
            "timing": {"total_s": t_end - t_start, "eval_s": t_end - t_sample,

@@ -480,21 +480,29 @@ def verify(gold, pred, *, rel_tol=1e-4):
         return False
 
 
-def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
-    """The RL reward of one response: 1.0 if its extracted final answer verifies against `gold`;
-    else `format_reward` (default 0.0) if it has a final answer; else -`no_answer_penalty`
-    (default 0.0, so 1.0 / 0.0 by default). Unlike verify, a response with no boxed / "answer is" /
-    `####` / `$...$` answer gets no credit even if it is a bare number: RL teaches the format.
+def grade(response, gold, *, rel_tol=1e-4):
+    """(the final answer extracted from `response`, or None; whether it verifies against `gold`).
+
+    The one grading of the project: train.py's reward (math_reward), eval.py's accuracy and
+    demo.py's calibration all read it. A response with no boxed / "answer is" / `####` / `$...$`
+    answer is wrong even if it is a bare number: RL teaches the format.
     """
     if not isinstance(response, str):
-        raise TypeError(f"math_reward: response must be a str, got {type(response).__name__}")
+        raise TypeError(f"reward: response must be a str, got {type(response).__name__}")
     try:
         ans = extract_answer(response)
     except Exception:
         ans = None
+    return ans, ans is not None and verify(gold, ans, rel_tol=rel_tol)
+
+
+def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
+    """The RL reward of one response: 1.0 if `grade` finds it correct; else `format_reward`
+    (default 0.0) if it has a final answer; else -`no_answer_penalty` (default 0.0)."""
+    ans, correct = grade(response, gold, rel_tol=rel_tol)
     if ans is None:
         return -float(no_answer_penalty)
-    return 1.0 if verify(gold, ans, rel_tol=rel_tol) else float(format_reward)
+    return 1.0 if correct else float(format_reward)
 
 
 # ----------------------------------------------------------------------------- optional graders

@@ -74,6 +74,7 @@ class Run:
     ref_model: torch.nn.Module | None    # pi_ref, only when a KL term reads it
     optimizer: torch.optim.Optimizer
     engine: object                       # rollout.make_engine's: generate, update_weights, ...
+    grader: object                       # reward.make_grader(cfg.reward): math_reward's signature
     rows: list                           # training rows (dicts with "prompt")
     eval_rows: list                      # held-out rows
     eval_dropped: int                    # held-out rows dropped for a prompt over max_prompt_len
@@ -163,7 +164,8 @@ def setup(cfg, resume):
             f.writelines(ln for ln in old if json.loads(ln)["step"] <= state.step)
         with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
             yaml.safe_dump(config_dict(cfg), f)
-    return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine, rows,
+    return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine,
+               reward.make_grader(cfg.reward), rows,
                eval_rows[:cfg.eval_max_problems or None], eval_dropped, state)
 
 
@@ -192,7 +194,7 @@ def sample_and_grade(run, step, t):
         t1 = time.perf_counter()
         new = []
         for row, samples in zip(prompts, outs):
-            graded = [grade(cfg, s, row["answer"]) for s in samples]
+            graded = [shaped_reward(cfg, run.grader, s, row["answer"]) for s in samples]
             new.append(Group(row, samples, [g[0] for g in graded], [g[1] for g in graded]))
         groups, drawn = groups + new, drawn + new
         t["rollout"] += t1 - t0
@@ -517,7 +519,7 @@ def evaluate(run, step):
     outs = run.engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
                                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
-    correct = sum(reward.math_reward(s.text, r["answer"]) >= 1.0
+    correct = sum(run.grader(s.text, r["answer"]) >= 1.0
                   for r, group in zip(mine, outs) for s in group)
     total = all_ranks({"correct": correct, "samples": len(mine) * cfg.eval_n})
     return total["correct"] / max(total["samples"], 1)
@@ -551,11 +553,11 @@ def sample_seed(*parts):
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
-def grade(cfg, sample, answer):
+def shaped_reward(cfg, grader, sample, answer):
     """-> (reward, correct). DAPO's overlong shaping: a penalty growing linearly over the last
     `overlong_buffer` tokens before max_new_tokens."""
-    r = reward.math_reward(sample.text, answer, format_reward=cfg.format_reward,
-                           no_answer_penalty=cfg.no_answer_penalty)
+    r = grader(sample.text, answer, format_reward=cfg.format_reward,
+               no_answer_penalty=cfg.no_answer_penalty)
     B, n = cfg.overlong_buffer, len(sample.response_ids)
     penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
     return r + penalty, r >= 1.0
