@@ -178,7 +178,6 @@ def setup_distributed():
     Used by train.py and eval.py alike. Call it before make_engine: in a process without a
     group, vLLM would make its own.
     """
-    watch_launcher()
     if "RANK" not in os.environ:  # plain `python train.py`: a group of one
         import socket
         with socket.socket() as s:
@@ -197,17 +196,18 @@ def setup_distributed():
 LAUNCHER_POLL_S = 1.0  # a torchrun worker checks its launcher is alive this often
 
 
-def watch_launcher(period=LAUNCHER_POLL_S):
-    """Under torchrun: exit this worker within `period` seconds of the launcher's death.
+def watch_launcher(parent, period=LAUNCHER_POLL_S):
+    """Under torchrun: exit this worker within `period` seconds of the death of the launcher `parent`.
 
     torchrun starts each worker in a session of its own, so when torchrun alone is killed (an OOM
     killer's choice) nothing signals the workers; ones waiting in a rendezvous or a collective
-    would sit holding their GPUs. A daemon thread watches the parent pid (it changes when the
-    parent dies and the worker is re-parented) and ends the process with exit code 3.
+    would sit holding their GPUs. A daemon thread, started when this module is imported (early in
+    train.py and eval.py: a worker still importing vLLM is covered too), watches the parent pid:
+    it changes when the parent dies and the worker is re-parented. Exit code 3.
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or getattr(watch_launcher, "started", False):
         return
-    parent, rank = os.getppid(), os.environ.get("RANK", "?")
+    rank = os.environ.get("RANK", "?")
 
     def watch():
         while os.getppid() == parent:
@@ -751,3 +751,6 @@ class HFEngine:
         """Drop the model (the same method as the vLLM engine's)."""
         del self.model, self.params
         gc.collect()
+
+
+watch_launcher(os.getppid())

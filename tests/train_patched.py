@@ -134,4 +134,4 @@ if __name__ == "__main__":
                     (p.to_local() if hasattr(p, "to_local") else p).view(-1)[0] = float("nan")
             return real_lr(cfg, s)
         train.load_policy, train.lr_at = keep_policy, corrupting_lr
-    rollout.run_main(lambda: train.main(rest))
+    getattr(rollout, "run_main", lambda f: f())(lambda: train.main(rest))  # (old code: none)
