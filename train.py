@@ -683,7 +683,7 @@ def guarded_grade(cfg, sample, answer, failed):
     except Exception as e:
         kind, what = "errors", f"{type(e).__name__}: {e}"
     failed[kind] += 1
-    failed.setdefault("first", f"{what} (rank {dist.get_rank()}, response {sample.text[:60]!r})")
+    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {sample.text[:60]!r})")
     return 0.0, False
 
 
