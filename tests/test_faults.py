@@ -5,6 +5,7 @@ behind. docs/RELIABILITY.md lists them all with what the program does."""
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,8 +67,10 @@ def assert_one_line_error(res, want):
     errors = [ln for ln in res.stderr.splitlines() if "error: " in ln]
     assert res.returncode != 0, res.stderr[-2000:]
     assert errors and want in errors[0], res.stderr[-3000:]
-    worker_lines = res.stderr.split("[W")[0]  # the workers' own output, before torchrun's summary
-    assert "Traceback" not in worker_lines, res.stderr[-3000:]
+    # The workers' own output: torchrun's report (log lines "E1123 ...", then its own traceback of
+    # ChildFailedError, which names the failed ranks) follows it.
+    workers = re.split(r"\n[EW]\d{4} ", res.stderr)[0]
+    assert "Traceback" not in workers, res.stderr[-3000:]
 
 
 @pytest.mark.slow
