@@ -337,8 +337,7 @@ def main(argv=None):
                    else (0, 1))
     if rank == 0:  # an unwritable --out fails now, not after the evaluation
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(args.ckpt)
+    tokenizer = rollout.load_tokenizer(args.ckpt)
     data = {name: rollout.load_problems(path) for name, path in args.files.items()}
     prompts = {name: [tokenizer(rollout.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]
@@ -401,4 +400,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    rollout.run_main(main)

@@ -55,6 +55,9 @@ import gc
 import hashlib
 import json
 import os
+import sys
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -83,32 +86,76 @@ def build_prompt(tokenizer, problem, template=None):
 def load_problems(path):
     """Read a JSONL file of {"problem": str, "answer": str, ...} rows; return the list of dicts.
 
-    A missing file, a line that is not JSON, or a row without a non-empty `problem` or `answer`
-    is a ValueError naming the file and line: silently skipping rows would change the data set.
+    A missing or empty file, a line that is not UTF-8 or not JSON, or a row without a non-empty
+    string (or number) `problem` and `answer` is a UserError naming the file and line: silently
+    skipping rows would change the data set.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path}")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}:{lineno}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                                f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             for key in ("problem", "answer"):
                 value = row.get(key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     row[key] = value = str(value)
+                if key in row and not isinstance(value, str):
+                    raise UserError(f"{path}:{lineno}: '{key}' must be a string or a number, got "
+                                    f"{type(value).__name__} {json.dumps(value)[:60]}")
                 if not isinstance(value, str) or not value.strip():
-                    raise ValueError(f"{path}:{lineno}: row has no '{key}' (keys: {sorted(row)})")
+                    raise UserError(f"{path}:{lineno}: row has no '{key}' (keys: {sorted(row)})")
             rows.append(row)
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise UserError(f"{path}: no rows (the file is empty)")
     return rows
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def load_tokenizer(model_dir):
+    """The tokenizer of a model directory, or a UserError when it has no tokenizer files (transformers
+    would fall back to something that encodes every prompt as nothing). A missing pad token is not
+    an error: nothing here pads with it (the hf engine pads with a stop id, the trainer masks)."""
+    from transformers import AutoTokenizer
+    if not any(os.path.isfile(os.path.join(model_dir, f)) for f in TOKENIZER_FILES):
+        raise UserError(f"model directory {model_dir} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    try:
+        return AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        raise UserError(f"model directory {model_dir}: cannot load its tokenizer "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+class UserError(ValueError):
+    """Bad input (config, data, model or checkpoint paths): reported by `run_main` as one line."""
+
+
+def run_main(main):
+    """main(), with bad input (UserError, FileNotFoundError) reported as one `error: ...` line on
+    stderr and exit code 2, no traceback; other exceptions keep theirs (they are bugs or faults).
+    Under torchrun each rank that fails prints its line, prefixed with its rank."""
+    try:
+        return main()
+    except (UserError, FileNotFoundError) as e:
+        who = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        print(f"{who}error: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)  # not sys.exit: peers may be gone, and shutdown hooks would wait on them
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +191,32 @@ def setup_distributed():
         torch.cuda.set_device(device)
     dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+LAUNCHER_POLL_S = 1.0  # a torchrun worker checks its launcher is alive this often
+
+
+def watch_launcher(parent, period=LAUNCHER_POLL_S):
+    """Under torchrun: exit this worker within `period` seconds of the death of the launcher `parent`.
+
+    torchrun starts each worker in a session of its own, so when torchrun alone is killed (an OOM
+    killer's choice) nothing signals the workers; ones waiting in a rendezvous or a collective
+    would sit holding their GPUs. A daemon thread, started when this module is imported (early in
+    train.py and eval.py: a worker still importing vLLM is covered too), watches the parent pid:
+    it changes when the parent dies and the worker is re-parented. Exit code 3.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or getattr(watch_launcher, "started", False):
+        return
+    rank = os.environ.get("RANK", "?")
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(period)
+        print(f"[rank {rank}] error: the launcher (pid {parent}) died; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    watch_launcher.started = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -678,3 +751,6 @@ class HFEngine:
         """Drop the model (the same method as the vLLM engine's)."""
         del self.model, self.params
         gc.collect()
+
+
+watch_launcher(os.getppid())

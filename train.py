@@ -18,8 +18,10 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ from tqdm import tqdm
 import reward
 import rollout
 import tepo
+
+UserError = rollout.UserError  # bad input: one line on stderr, no traceback (rollout.run_main)
 
 # ----------------------------------------------------------------------------- config
 
@@ -83,25 +87,48 @@ class Config:
     log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
     full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
     max_bad_steps: int = 5               # non-finite updates in a row before the run stops
+    reward_timeout: float = 10.0         # seconds a reward call may take; over it: reward 0, counted
+    max_reward_errors: float = 0.1       # share of a step's rewards that may raise or time out
 
     def __post_init__(self):
-        self.loss_cfg = tepo.LossConfig.preset(self.method, **{
-            "max_response_len": self.max_new_tokens, **self.loss})
+        try:
+            self.loss_cfg = tepo.LossConfig.preset(self.method, **{
+                "max_response_len": self.max_new_tokens, **self.loss})
+        except (TypeError, ValueError) as e:
+            raise UserError(f"config: {e}") from None
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.method == "dapo"
         if self.overlong_buffer is None:
             self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
         for name in ("model", "train_data"):
             if not getattr(self, name):
-                raise ValueError(f"config: `{name}` is required")
+                raise UserError(f"config: `{name}` is required")
         for name, allowed in (("train_dtype", ("auto", "float32", "bfloat16")),
                               ("dtype", ("auto", "float32", "bfloat16", "float16"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
+                raise UserError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
         if self.keep_last < 0:
-            raise ValueError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
+            raise UserError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
         if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+            raise UserError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
+        if self.backend not in rollout.BACKENDS:
+            raise UserError(f"config: backend must be one of {rollout.BACKENDS}, not {self.backend!r}")
+        for names, ok, what in (
+                (("lr", "steps", "prompts_per_step", "max_prompt_len", "max_new_tokens", "temperature",
+                  "num_minibatches", "micro_batch_tokens", "grad_clip", "max_sampling_tries", "eval_n",
+                  "reward_timeout"), lambda v: v > 0, "> 0"),
+                (("warmup_steps", "weight_decay", "eval_every", "eval_max_problems", "save_every",
+                  "log_samples_every", "max_bad_steps", "format_reward", "no_answer_penalty",
+                  "overlong_buffer", "overlong_factor"), lambda v: v >= 0, ">= 0"),
+                (("top_p", "gpu_memory_utilization"), lambda v: 0 < v <= 1, "in (0, 1]"),
+                (("min_lr_ratio", "max_reward_errors"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+                (("betas",), lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)")):
+            for name in names:
+                if not ok(getattr(self, name)):
+                    raise UserError(f"config: {name} must be {what}, got {getattr(self, name)!r}")
+        if self.group_size < 2:
+            raise UserError(f"config: group_size must be >= 2, got {self.group_size}: advantages are "
+                            f"relative to the group, so a group of one has advantage 0 and never trains")
 
 
 def typed(name, value, kind):
@@ -116,22 +143,22 @@ def typed(name, value, kind):
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise ValueError(f"config key {name!r} must be true or false, got {value!r}")
+        raise UserError(f"config key {name!r} must be true or false, got {value!r}")
     if kind in (int, float):
         try:
             number = float(value) if not isinstance(value, bool) else None
         except (TypeError, ValueError):
             number = None
         if number is None or not math.isfinite(number) or (kind is int and number != int(number)):
-            raise ValueError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
+            raise UserError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
                              f", got {value!r}")
         return kind(number)
     if kind is tuple:  # AdamW betas
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"config key {name!r} must be a list of numbers, got {value!r}")
+            raise UserError(f"config key {name!r} must be a list of numbers, got {value!r}")
         return tuple(typed(f"{name}[{i}]", v, float) for i, v in enumerate(value))
     if not isinstance(value, kind):
-        raise ValueError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
+        raise UserError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
     return value
 
 
@@ -141,9 +168,12 @@ def read_yaml_config(path):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file not found: {path}")
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
+        raise UserError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
     if "base" not in raw:
         return raw
     base = read_yaml_config(os.path.join(os.path.dirname(path), str(raw.pop("base"))))
@@ -158,7 +188,7 @@ def load_config(path, overrides=()):
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
+            raise UserError(f"--set expects key=value, got {item!r}")
         target = raw
         *parents, leaf = key.strip().split(".")
         for p in parents:
@@ -168,10 +198,10 @@ def load_config(path, overrides=()):
     loss_valid = {f.name: f for f in dataclasses.fields(tepo.LossConfig) if f.name != "method"}
     loss = raw.get("loss") or {}
     if not isinstance(loss, dict):
-        raise ValueError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
+        raise UserError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
     for what, keys, ok in (("config", raw, valid), ("loss", loss, loss_valid)):
         if set(keys) - set(ok):
-            raise ValueError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
+            raise UserError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
     raw = {k: typed(k, v, valid[k].type) for k, v in raw.items() if k != "loss"}
     raw["loss"] = {k: typed(f"loss.{k}", v, loss_valid[k].type) for k, v in loss.items()}
     return Config(**raw)
@@ -263,7 +293,8 @@ def load_rows(path, cfg, tokenizer, rank):
         if len(tokenizer(row["prompt"]).input_ids) <= cfg.max_prompt_len:
             kept.append(row)
     if not kept:
-        raise ValueError(f"{path}: no prompt fits max_prompt_len={cfg.max_prompt_len}")
+        raise UserError(f"{path}: no prompt fits max_prompt_len={cfg.max_prompt_len} tokens (the shortest "
+                        f"has {min(len(tokenizer(r['prompt']).input_ids) for r in rows)})")
     if rank == 0 and len(kept) < len(rows):
         print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
               f"max_prompt_len={cfg.max_prompt_len}")
@@ -274,6 +305,8 @@ def resolve_model(name):
     """A local directory for `model`: itself if it is one, else the hub's snapshot of it (downloaded
     once into the Hugging Face cache; ranks that start together share the download's locks)."""
     if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise UserError(f"model directory {name} has no config.json")
         return name
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise FileNotFoundError(f"model directory not found: {name}")
@@ -282,7 +315,7 @@ def resolve_model(name):
         return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt",
                                                        "*.model", "*.tiktoken", "*.jinja"])
     except Exception as e:
-        raise FileNotFoundError(f"model {name!r} is not a local directory, and the hub did not "
+        raise UserError(f"model {name!r} is not a local directory, and the hub did not "
                                 f"give it ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
@@ -419,27 +452,42 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = os.path.join(cfg.out_dir, f"step_{state['step']:06d}")
-    tmp = final + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier()
+    tmp, prev = final + ".tmp", (list_checkpoints(cfg.out_dir) or ["none"])[-1]
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    if not all_reduce([all(bool(torch.isfinite(p).all()) for p in local)], dist.ReduceOp.MIN)[0]:
+        raise RuntimeError(f"step {state['step']}: the weights are not finite; not saved (the last "
+                           f"good checkpoint, {prev}, is kept)")
     weights = dict(full_weights(model))
     if getattr(model.config, "tie_word_embeddings", False):
         weights.pop("lm_head.weight", None)  # the same tensor as the embeddings: save it once
+    error = None  # an OSError (disk full, no permission) on any rank fails the save on every rank
     if rank == 0:
-        model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
-            yaml.safe_dump(config_dict(cfg), f)
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump(state, f)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
+            tokenizer.save_pretrained(tmp)
+            with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
+                yaml.safe_dump(config_dict(cfg), f)
+            with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+                json.dump(state, f)
+        except OSError as e:
+            error = e
     del weights
     _, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"optim": optim_sd}, checkpoint_id=os.path.join(tmp, "optim"))
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
-    dist.barrier()
+    if not all_reduce([error is not None], dist.ReduceOp.MAX)[0]:  # also: tmp exists for all ranks
+        try:  # dcp.save raises on every rank when one rank's write fails
+            dcp.save({"optim": optim_sd}, checkpoint_id=os.path.join(tmp, "optim"))
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                        "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
+        except Exception as e:
+            error = e
+    if all_reduce([error is not None], dist.ReduceOp.MAX)[0]:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write checkpoint {tmp}: "
+                        f"{' '.join(str(error).split())[:300] if error else 'another rank failed'}; the "
+                        f"previous checkpoint ({prev}) is intact")
     if rank == 0:
         publish(tmp, final)
         for old in list_checkpoints(cfg.out_dir)[:-cfg.keep_last] if prune and cfg.keep_last else []:
@@ -482,11 +530,16 @@ def check_shared_dir(out_dir, rank, world):
     """
     token = [f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}" if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)
-    probe = os.path.join(out_dir, f".shared-check-{token[0]}")
+    probe, error = os.path.join(out_dir, f".shared-check-{token[0]}"), [None]
     if rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        open(probe, "w").close()
-    dist.barrier()
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            open(probe, "w").close()
+        except OSError as e:
+            error = [f"out_dir {out_dir} is not writable ({e.strerror}: {e.filename})"]
+    dist.broadcast_object_list(error, src=0)
+    if error[0]:
+        raise UserError(error[0])
     blind = [None] * world
     dist.all_gather_object(blind, None if os.path.exists(probe) else f"{rank} ({socket.gethostname()})")
     dist.barrier()
@@ -497,6 +550,28 @@ def check_shared_dir(out_dir, rank, world):
         raise RuntimeError(f"out_dir {out_dir} is not shared: rank(s) {', '.join(blind)} cannot see "
                            f"the file rank 0 wrote there. Multi-node runs need out_dir on a "
                            f"filesystem that every node mounts (NFS, Lustre, ...).")
+
+
+def check_checkpoint(ckpt, model_dir, world):
+    """A UserError unless `ckpt` is a complete checkpoint of `model_dir`'s architecture, saved by
+    `world` ranks: not a half-written .tmp, not some other directory, not another model's."""
+    if ckpt.rstrip("/").endswith(".tmp"):
+        raise UserError(f"--resume: {ckpt} is a half-written checkpoint (a save cut off); resume from a "
+                        f"complete one: {(list_checkpoints(os.path.dirname(ckpt.rstrip('/'))) or ['none'])[-1]}")
+    if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
+        raise UserError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
+    missing = [f for f in ["config.json", "optim/.metadata"] + [f"rng_rank{r}.pt" for r in range(world)]
+               if not os.path.isfile(os.path.join(ckpt, f))]
+    if missing:
+        raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete, or saved by another "
+                        f"number of ranks than {world})")
+    ours, theirs = (json.load(open(os.path.join(d, "config.json"))) for d in (model_dir, ckpt))
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size")
+    diff = [f"{k} {theirs.get(k)} vs {ours.get(k)}" for k in keys if ours.get(k) != theirs.get(k)]
+    if diff:
+        raise UserError(f"--resume: {ckpt} is a checkpoint of another model than {model_dir} "
+                        f"({', '.join(diff)})")
 
 
 def load_training_state(ckpt, model, optimizer, rank):
@@ -577,6 +652,41 @@ def grade(cfg, sample, answer):
     return r + penalty, r >= 1.0
 
 
+class RewardTimeout(BaseException):
+    """Raised by SIGALRM in a reward call over cfg.reward_timeout (a BaseException, so that the
+    grader's own `except Exception` cannot swallow it)."""
+
+
+def _reward_alarm(signum, frame):
+    raise RewardTimeout
+
+
+def guarded_grade(cfg, sample, answer, failed):
+    """grade(), except that a call that raises or runs over cfg.reward_timeout seconds gives
+    (0.0, False) and is counted in failed["errors"] / failed["timeouts"] (the first one described
+    in failed["first"]). The timeout is a SIGALRM timer (two setitimer calls per response; main
+    thread only), which also interrupts a grader stuck in a sleep or a pure-Python loop."""
+    timer = threading.current_thread() is threading.main_thread()
+    try:
+        try:
+            if timer:
+                if signal.getsignal(signal.SIGALRM) is not _reward_alarm:
+                    signal.signal(signal.SIGALRM, _reward_alarm)
+                signal.setitimer(signal.ITIMER_REAL, cfg.reward_timeout)
+            out = grade(cfg, sample, answer)
+        finally:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        return out
+    except RewardTimeout:
+        kind, what = "timeouts", f"took over reward_timeout={cfg.reward_timeout}s"
+    except Exception as e:
+        kind, what = "errors", f"{type(e).__name__}: {e}"
+    failed[kind] += 1
+    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {sample.text[:60]!r})")
+    return 0.0, False
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", help="YAML file of Config fields")
@@ -588,10 +698,9 @@ def main(argv=None):
     cfg = load_config(args.config, args.set)
     rank, world, device = rollout.setup_distributed()
     if cfg.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
-    from transformers import AutoTokenizer
+        raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
     model_dir = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = rollout.load_tokenizer(model_dir)
     rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
     eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
     eval_rows = eval_rows[:cfg.eval_max_problems or None]
@@ -605,8 +714,10 @@ def main(argv=None):
             print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
     elif args.resume:
         ckpt = args.resume
-        if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
-            raise FileNotFoundError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
+    if ckpt:
+        check_checkpoint(ckpt, model_dir, world)
+        if rank == 0:
+            print(f"--resume: from {ckpt}")
     start = ckpt or model_dir
     torch.manual_seed(cfg.seed + rank)
     model = load_policy(start, cfg, device)
@@ -650,7 +761,7 @@ def main(argv=None):
 
         # 1-2. Sample and grade. Dynamic sampling keeps only groups with some reward spread and
         # samples fresh prompts until every rank holds its quota (or the tries run out).
-        quota, groups, drawn = cfg.prompts_per_step // world, [], []
+        quota, groups, drawn, failed = cfg.prompts_per_step // world, [], [], {"errors": 0, "timeouts": 0}
         for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
             prompts = take_prompts(rows, state["data_pos"], cfg.prompts_per_step, cfg.seed)
             prompts = prompts[rank::world]
@@ -662,7 +773,7 @@ def main(argv=None):
             t1 = time.perf_counter()
             new = []
             for row, samples in zip(prompts, outs):
-                graded = [grade(cfg, s, row["answer"]) for s in samples]
+                graded = [guarded_grade(cfg, s, row["answer"], failed) for s in samples]
                 new.append((row, samples, [g[0] for g in graded], [g[1] for g in graded]))
             groups, drawn = groups + new, drawn + new
             t["rollout"] += t1 - t0
@@ -672,6 +783,13 @@ def main(argv=None):
             groups = informative_groups(groups)[:quota]
             if all_reduce([len(groups) < quota], dist.ReduceOp.MAX)[0] == 0:
                 break
+        failed["n"] = all_reduce([failed["errors"], failed["timeouts"], sum(len(g[1]) for g in drawn)])
+        if sum(failed["n"][:2]) > cfg.max_reward_errors * failed["n"][2]:
+            firsts = [None] * world
+            dist.all_gather_object(firsts, failed.get("first"))
+            raise UserError(f"step {step + 1}: {failed['n'][0]:.0f} reward calls raised and {failed['n'][1]:.0f} "
+                            f"timed out of {failed['n'][2]:.0f} (max_reward_errors={cfg.max_reward_errors}); "
+                            f"first: {next(f for f in firsts if f)}")
         engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
 
         # 3. Advantages; then old log-probs and entropy (no grad) and reference log-probs where
@@ -753,6 +871,7 @@ def main(argv=None):
         state["step"] = step + 1
         record = step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t,
                               time.perf_counter() - t_step, state)
+        record["reward/errors"], record["reward/timeouts"] = failed["n"][:2]
         if eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
             record["eval_accuracy"] = evaluate(engine, eval_rows, cfg, rank, world,
                                                sample_seed(cfg.seed, step + 1, 99, rank))
@@ -828,4 +947,4 @@ def step_metrics(cfg, step, drawn, groups, seqs, sums, stats, t, step_time, stat
 
 
 if __name__ == "__main__":
-    main()
+    rollout.run_main(main)
