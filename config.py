@@ -11,6 +11,11 @@ import yaml
 
 import tepo
 
+
+class UserError(ValueError):
+    """Bad input (config, data, model or checkpoint paths): reported by policy.run_main as one
+    `error: ...` line, no traceback."""
+
 @dataclass
 class Config:
     """Every setting of a run; the README documents each. YAML keys map onto these fields."""
@@ -58,10 +63,15 @@ class Config:
     log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
     full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
     max_bad_steps: int = 5               # non-finite updates in a row before the run stops
+    reward_timeout: float = 10.0         # seconds a reward call may take; over it: reward 0, counted
+    max_reward_errors: float = 0.1       # share of a step's rewards that may raise or time out
 
     def __post_init__(self):
-        self.loss_cfg = tepo.LossConfig.preset(self.method, **{
-            "max_new_tokens": self.max_new_tokens, **self.loss})
+        try:
+            self.loss_cfg = tepo.LossConfig.preset(self.method, **{
+                "max_new_tokens": self.max_new_tokens, **self.loss})
+        except (TypeError, ValueError) as e:
+            raise UserError(f"config: {e}") from None
         self.share_prompt = not self.activation_checkpointing  # see tepo.response_logprobs
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.method == "dapo"
@@ -69,17 +79,31 @@ class Config:
             self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
         for name in ("model", "train_data"):
             if not getattr(self, name):
-                raise ValueError(f"config: `{name}` is required")
-        for name, allowed in (("reward", ("rule", "math_verify")),
+                raise UserError(f"config: `{name}` is required")
+        for name, allowed in (("reward", ("rule", "math_verify")), ("backend", ("vllm", "hf")),
                               ("train_dtype", ("auto", "float32", "bfloat16")),
-                              ("dtype", ("auto", "float32", "bfloat16", "float16"))):
+                              ("dtype", ("auto", "float32", "bfloat16", "float16")),
+                              ("lr_schedule", ("constant", "cosine"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
+                raise UserError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
         if self.keep_last < 0:
-            raise ValueError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"config: lr_schedule must be constant or cosine, not {self.lr_schedule!r}")
-
+            raise UserError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
+        for names, ok, what in (
+                (("lr", "steps", "prompts_per_step", "max_prompt_len", "max_new_tokens", "temperature",
+                  "num_minibatches", "micro_batch_tokens", "grad_clip", "max_sampling_tries", "eval_n",
+                  "reward_timeout"), lambda v: v > 0, "> 0"),
+                (("warmup_steps", "weight_decay", "eval_every", "eval_max_problems", "save_every",
+                  "log_samples_every", "max_bad_steps", "format_reward", "no_answer_penalty",
+                  "overlong_buffer", "overlong_factor"), lambda v: v >= 0, ">= 0"),
+                (("top_p", "gpu_memory_utilization"), lambda v: 0 < v <= 1, "in (0, 1]"),
+                (("min_lr_ratio", "max_reward_errors"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+                (("betas",), lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two numbers in [0, 1)")):
+            for name in names:
+                if not ok(getattr(self, name)):
+                    raise UserError(f"config: {name} must be {what}, got {getattr(self, name)!r}")
+        if self.group_size < 2:
+            raise UserError(f"config: group_size must be >= 2, got {self.group_size}: advantages are "
+                            f"relative to the group, so a group of one has advantage 0 and never trains")
 
 def typed(name, value, kind):
     """`value` as type `kind` (a field's annotation), or a ValueError naming the key.
@@ -93,22 +117,22 @@ def typed(name, value, kind):
     if kind is bool:
         if isinstance(value, bool):
             return value
-        raise ValueError(f"config key {name!r} must be true or false, got {value!r}")
+        raise UserError(f"config key {name!r} must be true or false, got {value!r}")
     if kind in (int, float):
         try:
             number = float(value) if not isinstance(value, bool) else None
         except (TypeError, ValueError):
             number = None
         if number is None or not math.isfinite(number) or (kind is int and number != int(number)):
-            raise ValueError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
+            raise UserError(f"config key {name!r} must be {'an integer' if kind is int else 'a number'}"
                              f", got {value!r}")
         return kind(number)
     if kind is tuple:  # AdamW betas
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"config key {name!r} must be a list of numbers, got {value!r}")
+            raise UserError(f"config key {name!r} must be a list of numbers, got {value!r}")
         return tuple(typed(f"{name}[{i}]", v, float) for i, v in enumerate(value))
     if not isinstance(value, kind):
-        raise ValueError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
+        raise UserError(f"config key {name!r} must be a {kind.__name__}, got {value!r}")
     return value
 
 
@@ -118,9 +142,12 @@ def read_yaml_config(path):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file not found: {path}")
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
+        raise UserError(f"{path}: a config file must be a mapping of keys, got {type(raw).__name__}")
     if "base" not in raw:
         return raw
     base = read_yaml_config(os.path.join(os.path.dirname(path), str(raw.pop("base"))))
@@ -135,7 +162,7 @@ def load_config(path, overrides=()):
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
+            raise UserError(f"--set expects key=value, got {item!r}")
         target = raw
         *parents, leaf = key.strip().split(".")
         for p in parents:
@@ -145,10 +172,10 @@ def load_config(path, overrides=()):
     loss_valid = {f.name: f for f in dataclasses.fields(tepo.LossConfig) if f.name != "method"}
     loss = raw.get("loss") or {}
     if not isinstance(loss, dict):
-        raise ValueError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
+        raise UserError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
     for what, keys, ok in (("config", raw, valid), ("loss", loss, loss_valid)):
         if set(keys) - set(ok):
-            raise ValueError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
+            raise UserError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
     raw = {k: typed(k, v, valid[k].type) for k, v in raw.items() if k != "loss"}
     raw["loss"] = {k: typed(f"loss.{k}", v, loss_valid[k].type) for k, v in loss.items()}
     return Config(**raw)

@@ -342,8 +342,7 @@ def main(argv=None):
                    else (0, 1))
     if rank == 0:  # an unwritable --out fails now, not after the evaluation
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(args.ckpt)
+    tokenizer = data.load_tokenizer(args.ckpt)
     problems = {name: data.load_problems(path) for name, path in args.files.items()}
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]
@@ -406,4 +405,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    policy.run_main(main)

@@ -11,6 +11,8 @@ import os
 import random
 import shutil
 import socket
+import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -19,7 +21,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from config import config_dict
+from config import UserError, config_dict
 
 
 
@@ -52,6 +54,57 @@ def setup_distributed():
         torch.cuda.set_device(device)
     dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def all_ranks(values, op="sum"):
+    """Reduce a dict of named numbers over all ranks in one collective -> dict of floats.
+
+    A collective: every rank must call it, as often, with the same keys."""
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                           "min": dist.ReduceOp.MIN}[op])
+    return dict(zip(keys, t.tolist()))
+
+
+def run_main(main):
+    """main(), with bad input (UserError, FileNotFoundError) reported as one `error: ...` line on
+    stderr and exit code 2, no traceback; other exceptions keep theirs (they are bugs or faults).
+    Under torchrun each rank that fails prints its line, prefixed with its rank."""
+    try:
+        return main()
+    except (UserError, FileNotFoundError) as e:
+        who = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        print(f"{who}error: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(2)  # not sys.exit: peers may be gone, and shutdown hooks would wait on them
+
+
+LAUNCHER_POLL_S = 1.0  # a torchrun worker checks its launcher is alive this often
+
+
+def watch_launcher(parent, period=LAUNCHER_POLL_S):
+    """Under torchrun: exit this worker within `period` seconds of the death of the launcher `parent`.
+
+    torchrun starts each worker in a session of its own, so when torchrun alone is killed (an OOM
+    killer's choice) nothing signals the workers; ones waiting in a rendezvous or a collective
+    would sit holding their GPUs. A daemon thread, started when this module is imported (early in
+    train.py and eval.py: a worker still importing vLLM is covered too), watches the parent pid:
+    it changes when the parent dies and the worker is re-parented. Exit code 3.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or getattr(watch_launcher, "started", False):
+        return
+    rank = os.environ.get("RANK", "?")
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(period)
+        print(f"[rank {rank}] error: the launcher (pid {parent}) died; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    watch_launcher.started = True
 
 
 def load_model(path):
@@ -135,27 +188,42 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = os.path.join(cfg.out_dir, f"step_{state.step:06d}")
-    tmp = final + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier()
+    tmp, prev = final + ".tmp", (list_checkpoints(cfg.out_dir) or ["none"])[-1]
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    if not all_ranks({"finite": all(bool(torch.isfinite(p).all()) for p in local)}, "min")["finite"]:
+        raise RuntimeError(f"step {state.step}: the weights are not finite; not saved (the last "
+                           f"good checkpoint, {prev}, is kept)")
     weights = dict(full_weights(model))
     if getattr(model.config, "tie_word_embeddings", False):
         weights.pop("lm_head.weight", None)  # the same tensor as the embeddings: save it once
+    error = None  # an OSError (disk full, no permission) on any rank fails the save on every rank
     if rank == 0:
-        model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
-            yaml.safe_dump(config_dict(cfg), f)
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump(asdict(state), f)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            model.save_pretrained(tmp, state_dict={k: v.cpu() for k, v in weights.items()})
+            tokenizer.save_pretrained(tmp)
+            with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
+                yaml.safe_dump(config_dict(cfg), f)
+            with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+                json.dump(asdict(state), f)
+        except OSError as e:
+            error = e
     del weights
     _, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"optim": optim_sd}, checkpoint_id=os.path.join(tmp, "optim"))
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
-                "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
-    dist.barrier()
+    if not all_ranks({"failed": error is not None}, "max")["failed"]:  # also: tmp exists for all ranks
+        try:  # dcp.save raises on every rank when one rank's write fails
+            dcp.save({"optim": optim_sd}, checkpoint_id=os.path.join(tmp, "optim"))
+            torch.save({"torch": torch.get_rng_state(), "python": random.getstate(),
+                        "numpy": np.random.get_state()}, os.path.join(tmp, f"rng_rank{rank}.pt"))
+        except Exception as e:
+            error = e
+    if all_ranks({"failed": error is not None}, "max")["failed"]:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"cannot write checkpoint {tmp}: "
+                        f"{' '.join(str(error).split())[:300] if error else 'another rank failed'}; the "
+                        f"previous checkpoint ({prev}) is intact")
     if rank == 0:
         publish(tmp, final)
         for old in list_checkpoints(cfg.out_dir)[:-cfg.keep_last] if prune and cfg.keep_last else []:
@@ -198,11 +266,16 @@ def check_shared_dir(out_dir, rank, world):
     """
     token = [f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}" if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)
-    probe = os.path.join(out_dir, f".shared-check-{token[0]}")
+    probe, error = os.path.join(out_dir, f".shared-check-{token[0]}"), [None]
     if rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        open(probe, "w").close()
-    dist.barrier()
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            open(probe, "w").close()
+        except OSError as e:
+            error = [f"out_dir {out_dir} is not writable ({e.strerror}: {e.filename})"]
+    dist.broadcast_object_list(error, src=0)
+    if error[0]:
+        raise UserError(error[0])
     blind = [None] * world
     dist.all_gather_object(blind, None if os.path.exists(probe) else f"{rank} ({socket.gethostname()})")
     dist.barrier()
@@ -213,6 +286,28 @@ def check_shared_dir(out_dir, rank, world):
         raise RuntimeError(f"out_dir {out_dir} is not shared: rank(s) {', '.join(blind)} cannot see "
                            f"the file rank 0 wrote there. Multi-node runs need out_dir on a "
                            f"filesystem that every node mounts (NFS, Lustre, ...).")
+
+
+def check_checkpoint(ckpt, model_dir, world):
+    """A UserError unless `ckpt` is a complete checkpoint of `model_dir`'s architecture, saved by
+    `world` ranks: not a half-written .tmp, not some other directory, not another model's."""
+    if ckpt.rstrip("/").endswith(".tmp"):
+        raise UserError(f"--resume: {ckpt} is a half-written checkpoint (a save cut off); resume from a "
+                        f"complete one: {(list_checkpoints(os.path.dirname(ckpt.rstrip('/'))) or ['none'])[-1]}")
+    if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
+        raise UserError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
+    missing = [f for f in ["config.json", "optim/.metadata"] + [f"rng_rank{r}.pt" for r in range(world)]
+               if not os.path.isfile(os.path.join(ckpt, f))]
+    if missing:
+        raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete, or saved by another "
+                        f"number of ranks than {world})")
+    ours, theirs = (json.load(open(os.path.join(d, "config.json"))) for d in (model_dir, ckpt))
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size")
+    diff = [f"{k} {theirs.get(k)} vs {ours.get(k)}" for k in keys if ours.get(k) != theirs.get(k)]
+    if diff:
+        raise UserError(f"--resume: {ckpt} is a checkpoint of another model than {model_dir} "
+                        f"({', '.join(diff)})")
 
 
 def load_training_state(ckpt, model, optimizer, rank):
@@ -233,3 +328,6 @@ def set_rng_states(rng):
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
+
+
+watch_launcher(os.getppid())

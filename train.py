@@ -17,6 +17,8 @@ import argparse
 import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -29,10 +31,11 @@ from tqdm import tqdm
 import reward
 import rollout
 import tepo
-from config import Config, config_dict, load_config  # noqa: F401  (train.Config: for users too)
-from data import load_rows, resolve_model, take_prompts
-from policy import (TrainState, check_shared_dir, full_weights, list_checkpoints, load_policy,
-                    load_training_state, save_checkpoint, set_rng_states, setup_distributed)
+from config import Config, UserError, config_dict, load_config  # noqa: F401  (train.Config too)
+from data import load_rows, load_tokenizer, resolve_model, take_prompts
+from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, full_weights,
+                    list_checkpoints, load_policy, load_training_state, run_main, save_checkpoint,
+                    set_rng_states, setup_distributed)
 
 # ----------------------------------------------------------------------------- the records of a step
 
@@ -81,12 +84,9 @@ class Run:
     state: TrainState
 
 
-# ----------------------------------------------------------------------------- main
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--config", help="YAML file of Config fields")
+    ap.add_argument("--config", help="YAML file of Config fields (config.py)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key (repeatable; loss.clip_high=0.0005 for loss keys)")
     ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
@@ -101,7 +101,7 @@ def main(argv=None):
                total=cfg.steps)
     for step in bar:
         t, t_step = {}, time.perf_counter()
-        groups, drawn = sample_and_grade(run, step, t)               # 1
+        groups, drawn, failed = sample_and_grade(run, step, t)       # 1
         run.engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
         t0 = time.perf_counter()
         minibatches = make_sequences(groups, cfg)                    # 2
@@ -110,8 +110,8 @@ def main(argv=None):
         t0 = time.perf_counter()
         sums, stats, updated = update_policy(run, minibatches, step)  # 4
         t["update"] = time.perf_counter() - t0
-        record = sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t,
-                              t_step)                                # 5
+        record = sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, updated,
+                              t, t_step)                             # 5
         # kl_old (0 at the first mini-batch, theta = theta_old) and the sampler/trainer mismatch on
         # the bar: a dtype or kernel mismatch shows here in the first minute of a GPU run.
         bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
@@ -126,23 +126,22 @@ def setup(cfg, resume):
     restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir. -> Run"""
     rank, world, device = setup_distributed()
     if cfg.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} must divide by {world} ranks")
-    from transformers import AutoTokenizer
+        raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
     model_dir = resolve_model(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_tokenizer(model_dir)
     rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
     eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
     check_shared_dir(cfg.out_dir, rank, world)
-    ckpt = None
+    ckpt = resume
     if resume == "latest":
         found = list_checkpoints(cfg.out_dir)
         ckpt = found[-1] if found else None
         if ckpt is None and rank == 0:
             print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
-    elif resume:
-        ckpt = resume
-        if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
-            raise FileNotFoundError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
+    if ckpt:
+        check_checkpoint(ckpt, model_dir, world)
+        if rank == 0:
+            print(f"--resume: from {ckpt}")
     start = ckpt or model_dir
     torch.manual_seed(cfg.seed + rank)
     model = load_policy(start, cfg, device)
@@ -177,11 +176,13 @@ def sample_and_grade(run, step, t):
 
     DAPO's dynamic sampling keeps only groups whose answers are neither all right nor all wrong,
     and draws fresh prompts until every rank holds its quota (or max_sampling_tries run out).
-    Advances state.data_pos by P per draw; adds the seconds of sampling and grading to
-    t["rollout"] and t["reward"]. -> (groups to train on, every group drawn)
+    A reward call that raises or runs over reward_timeout gives 0 and is counted; more than
+    max_reward_errors of them stop the run. Advances state.data_pos by P per draw; adds the seconds
+    of sampling and grading to t["rollout"] and t["reward"].
+    -> (groups to train on, every group drawn, {"errors", "timeouts"} over all ranks)
     """
     cfg, state = run.cfg, run.state
-    quota, groups, drawn = cfg.prompts_per_step // run.world, [], []
+    quota, groups, drawn, failed = cfg.prompts_per_step // run.world, [], [], {"errors": 0, "timeouts": 0}
     t["rollout"] = t["reward"] = 0.0
     for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
         prompts = take_prompts(run.rows, state.data_pos, cfg.prompts_per_step, cfg.seed)
@@ -194,7 +195,7 @@ def sample_and_grade(run, step, t):
         t1 = time.perf_counter()
         new = []
         for row, samples in zip(prompts, outs):
-            graded = [shaped_reward(cfg, run.grader, s, row["answer"]) for s in samples]
+            graded = [guarded_reward(cfg, run.grader, s, row["answer"], failed) for s in samples]
             new.append(Group(row, samples, [g[0] for g in graded], [g[1] for g in graded]))
         groups, drawn = groups + new, drawn + new
         t["rollout"] += t1 - t0
@@ -204,7 +205,15 @@ def sample_and_grade(run, step, t):
         groups = informative_groups(groups)[:quota]
         if all_ranks({"short": len(groups) < quota}, "max")["short"] == 0:
             break
-    return groups, drawn
+    n = all_ranks({"errors": failed["errors"], "timeouts": failed["timeouts"],
+                   "rewards": sum(len(g.samples) for g in drawn)})
+    if n["errors"] + n["timeouts"] > cfg.max_reward_errors * n["rewards"]:
+        firsts = [None] * run.world
+        dist.all_gather_object(firsts, failed.get("first"))
+        raise UserError(f"step {step + 1}: {n['errors']:.0f} reward calls raised and {n['timeouts']:.0f} "
+                        f"timed out of {n['rewards']:.0f} (max_reward_errors={cfg.max_reward_errors}); "
+                        f"first: {next(f for f in firsts if f)}")
+    return groups, drawn, {"errors": n["errors"], "timeouts": n["timeouts"]}
 
 
 def make_sequences(groups, cfg):
@@ -290,14 +299,14 @@ def update_policy(run, minibatches, step):
     return sums, stats, updated
 
 
-def sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t, t_step):
+def sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, updated, t, t_step):
     """5. Send the new weights to the engine (if any optimizer step was taken), log the step's
     metrics (and the held-out accuracy when due), write sample responses, save a checkpoint when
     due; stop the run after more than max_bad_steps non-finite updates in a row. -> the record"""
     cfg, state = run.cfg, run.state
     t0 = time.perf_counter()
-    if run.device.type == "cuda":  # hand the update's cached blocks back before the engine wakes:
-        torch.cuda.empty_cache()   # vLLM's wake-up allocates outside PyTorch's caching allocator
+    if run.device.type == "cuda":  # vLLM's wake-up allocates outside PyTorch's caching allocator:
+        torch.cuda.empty_cache()   # hand it the update's cached blocks
     run.engine.wake()
     if updated:
         run.engine.update_weights(full_weights(run.model))
@@ -305,6 +314,7 @@ def sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t,
     state.step = step + 1
     record = step_metrics(run, step, drawn, groups, [s for mb in minibatches for s in mb], sums,
                           stats, t, time.perf_counter() - t_step)
+    record["reward/errors"], record["reward/timeouts"] = failed["errors"], failed["timeouts"]
     if run.eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
         record["eval_accuracy"] = evaluate(run, step + 1)
     log(run, record)
@@ -328,17 +338,6 @@ def sync_and_log(run, step, groups, drawn, minibatches, sums, stats, updated, t,
 
 
 # ----------------------------------------------------------------------------- ranks in lock-step
-
-
-def all_ranks(values, op="sum"):
-    """Reduce a dict of named numbers over all ranks in one collective -> dict of floats.
-
-    A collective: every rank must call it, as often, with the same keys."""
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                           "min": dist.ReduceOp.MIN}[op])
-    return dict(zip(keys, t.tolist()))
 
 
 def global_counts(minibatches):
@@ -540,11 +539,8 @@ def lr_at(cfg, step):
 
 def informative_groups(groups):
     """DAPO's dynamic-sampling filter: the groups whose answers are neither all right nor all wrong.
-
-    It looks at correctness, not at the shaped reward: an overlong penalty or a format reward
-    spreads the rewards of a group that is all right (or all wrong) without telling a good answer
-    from a bad one.
-    """
+    Correctness, not the shaped reward: an overlong penalty or a format reward spreads the rewards
+    of a group that is all right (or all wrong) without telling a good answer from a bad one."""
     return [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
 
 
@@ -563,5 +559,40 @@ def shaped_reward(cfg, grader, sample, answer):
     return r + penalty, r >= 1.0
 
 
+class RewardTimeout(BaseException):
+    """Raised by SIGALRM in a reward call over cfg.reward_timeout (a BaseException, so that the
+    grader's own `except Exception` cannot swallow it)."""
+
+
+def _reward_alarm(signum, frame):
+    raise RewardTimeout
+
+
+def guarded_reward(cfg, grader, sample, answer, failed):
+    """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
+    (0.0, False) and is counted in failed["errors"] / failed["timeouts"] (the first one described
+    in failed["first"]). The timeout is a SIGALRM timer (two setitimer calls per response; main
+    thread only), which also interrupts a grader stuck in a sleep or a pure-Python loop."""
+    timer = threading.current_thread() is threading.main_thread()
+    try:
+        try:
+            if timer:
+                if signal.getsignal(signal.SIGALRM) is not _reward_alarm:
+                    signal.signal(signal.SIGALRM, _reward_alarm)
+                signal.setitimer(signal.ITIMER_REAL, cfg.reward_timeout)
+            out = shaped_reward(cfg, grader, sample, answer)
+        finally:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        return out
+    except RewardTimeout:
+        kind, what = "timeouts", f"took over reward_timeout={cfg.reward_timeout}s"
+    except Exception as e:
+        kind, what = "errors", f"{type(e).__name__}: {e}"
+    failed[kind] += 1
+    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {sample.text[:60]!r})")
+    return 0.0, False
+
+
 if __name__ == "__main__":
-    main()
+    run_main(main)

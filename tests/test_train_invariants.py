@@ -25,6 +25,7 @@ import yaml
 from safetensors.torch import load_file
 
 import eval as ev
+import reward
 import rollout
 import tepo
 import train
@@ -264,7 +265,7 @@ def test_eval_accuracy_counts_all_n_samples(tmp_path, tiny_model_dir, monkeypatc
     res = ev.main(["--ckpt", tiny_model_dir, "--data", str(bench), "-n", "4", "--k", "1,4",
                    "--temperature", "1.0", "--backend", "hf", "--out", str(tmp_path / "r.json")])
     m = res["benchmarks"]["bench"]
-    answered = [ev.grade(t, "7")[0] is not None for t in texts]
+    answered = [reward.grade(t, "7")[0] is not None for t in texts]
     assert answered == [True, False, True, False]  # the canned texts do what they should
     assert m["accuracy"] == pytest.approx(2 / (3 * 4)), \
         f"accuracy {m['accuracy']}, expected 2 correct / (3 problems x 4 samples) = {2 / 12:.4f}"

@@ -14,7 +14,13 @@
   every group from then on has equal rewards, A = 0).
 --dump-rollouts DIR: every engine.generate call appends one line to DIR/rank<RANK>.jsonl:
   {"seed": ..., "groups": [[Sample as a dict, ...] per prompt]}, for a reference to recompute from.
-Works under torchrun too.
+--slow-save S: every checkpoint publish waits S seconds first (the complete .tmp directory stays
+  unpublished that long), so that a kill can land inside a save.
+--reward-fails SHARE: the reward raises (ValueError) on a response whose hash falls in the first
+  SHARE of the range, and sleeps 1000 s (a hang) on those in the next SHARE.
+--enospc-at-save K: the K-th checkpoint save of this process fails with "No space left on device".
+--corrupt-weight-at-step K: at the start of RL step K's update, one weight of the policy is NaN.
+Works under torchrun too; train.main runs under rollout.run_main, as `python train.py` does.
 """
 import dataclasses
 import json
@@ -24,6 +30,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import reward  # noqa: E402
+import policy  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 import train  # noqa: E402
@@ -78,4 +85,54 @@ if __name__ == "__main__":
             engine.generate = dumping_generate
             return engine
         rollout.make_engine = dumping_engine
-    train.main(rest)
+    if "--slow-save" in ours:
+        import time
+        delay, real_publish = float(ours[ours.index("--slow-save") + 1]), policy.publish
+
+        def slow_publish(tmp, final):
+            time.sleep(delay)
+            return real_publish(tmp, final)
+        policy.publish = slow_publish
+    if "--reward-fails" in ours:
+        import time
+        import zlib
+        share, inner = float(ours[ours.index("--reward-fails") + 1]), reward.math_reward
+
+        def failing(response, gold, **kw):
+            h = zlib.crc32(response.encode()) / 2 ** 32
+            if h < share:
+                raise ValueError("grader bug")
+            if h < 2 * share:
+                time.sleep(1000)
+            return inner(response, gold, **kw)
+        reward.math_reward = failing
+    if "--enospc-at-save" in ours:
+        import errno
+
+        import torch
+        at, saves, real_save = int(ours[ours.index("--enospc-at-save") + 1]), [0], torch.save
+
+        def full_disk(obj, f, *a, **kw):
+            if str(f).endswith(".pt") and "rng_rank" in str(f):
+                saves[0] += 1
+                if saves[0] == at:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+            return real_save(obj, f, *a, **kw)
+        torch.save = full_disk
+    if "--corrupt-weight-at-step" in ours:
+        import torch
+        at, real_lr, real_load, models = int(ours[ours.index("--corrupt-weight-at-step") + 1]), \
+            train.lr_at, train.load_policy, []
+
+        def keep_policy(*a, **kw):
+            models.append(real_load(*a, **kw))
+            return models[-1]
+
+        def corrupting_lr(cfg, s):
+            if s + 1 == at:
+                p = next(models[0].parameters())
+                with torch.no_grad():
+                    (p.to_local() if hasattr(p, "to_local") else p).view(-1)[0] = float("nan")
+            return real_lr(cfg, s)
+        train.load_policy, train.lr_at = keep_policy, corrupting_lr
+    policy.run_main(lambda: train.main(rest))

@@ -1,0 +1,351 @@
+"""Faults and bad input (issue 16): each bad input is a one-line error naming the problem (no
+traceback); reward errors and timeouts are counted, not silent; a full disk leaves the previous
+checkpoint; poisoned weights are never saved; a dead rank or launcher does not leave workers
+behind. docs/RELIABILITY.md lists them all with what the program does."""
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import psutil
+import pytest
+import yaml
+
+import data
+import policy
+import reward
+import train
+from config import UserError
+from test_train_e2e import metrics, run, setup_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = ["model=m", "train_data=d"]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def wrong_value(kind):
+    """A YAML value of the wrong type for a field annotated `kind`."""
+    if isinstance(kind, types.UnionType):
+        kind = next(t for t in kind.__args__ if t is not type(None))
+    return {bool: "maybe", int: "abc", float: "abc", str: "[1, 2]", tuple: "fast", dict: "7"}[kind]
+
+
+@pytest.mark.parametrize("field", [f for f in dataclasses.fields(train.Config)] +
+                         [f for f in dataclasses.fields(train.tepo.LossConfig) if f.name != "method"],
+                         ids=lambda f: f.name)
+def test_a_wrong_type_for_any_key_names_the_key(field):
+    key = field.name if field in dataclasses.fields(train.Config) else f"loss.{field.name}"
+    with pytest.raises(UserError, match=f"'{key}' must be"):
+        train.load_config(None, BASE + [f"{key}={wrong_value(field.type)}"])
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("lr=-1e-6", "lr must be > 0"), ("group_size=1", "group_size must be >= 2"),
+    ("prompts_per_step=0", "prompts_per_step must be > 0"), ("top_p=1.5", r"top_p must be in \(0, 1\]"),
+    ("temperature=0", "temperature must be > 0"), ("max_bad_steps=-1", "max_bad_steps must be >= 0"),
+    ("betas=[0.9, 1.5]", "betas must be two numbers"), ("max_reward_errors=2", "max_reward_errors must be in"),
+    ("reward_timeout=0", "reward_timeout must be > 0"), ("backend=sglang", "backend must be one of"),
+    ("loss.clip_low=2", "clip range"), ("method=ppo", "unknown method"),
+    ("learning_rate=1", r"unknown config key\(s\) \['learning_rate'\]")])
+def test_out_of_range_values_are_named(setting, message):
+    with pytest.raises(UserError, match=message):
+        train.load_config(None, BASE + [setting])
+
+
+def train_cli(*args, torchrun=False, timeout=300):
+    cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+           if torchrun else [sys.executable]) + [os.path.join(ROOT, "train.py"), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(res, want):
+    errors = [ln for ln in res.stderr.splitlines() if "error: " in ln]
+    assert res.returncode != 0, res.stderr[-2000:]
+    assert errors and want in errors[0], res.stderr[-3000:]
+    # The workers' own output: torchrun's report (log lines "E1123 ...", then its own traceback of
+    # ChildFailedError, which names the failed ranks) follows it.
+    workers = re.split(r"\n[EW]\d{4} ", res.stderr)[0]
+    assert "Traceback" not in workers, res.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_config_errors_are_one_line_without_traceback(tmp_path, tiny_model_dir):
+    """`python train.py` as a user runs it: clip_high=abc, group_size 1, a missing model, a model
+    directory without a tokenizer each print one `error: ...` line and exit 2."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    no_tok = tmp_path / "no_tokenizer"
+    no_tok.mkdir()
+    shutil.copy(os.path.join(tiny_model_dir, "config.json"), no_tok)
+    shutil.copy(os.path.join(tiny_model_dir, "model.safetensors"), no_tok)
+    common = ["--set", f"train_data={data}", "--set", f"out_dir={tmp_path / 'out'}"]
+    for extra, want in [(["--set", "loss.clip_high=abc", "--set", f"model={tiny_model_dir}"],
+                         "config key 'loss.clip_high' must be a number, got 'abc'"),
+                        (["--set", "group_size=1", "--set", f"model={tiny_model_dir}"],
+                         "group_size must be >= 2"),
+                        (["--set", f"model={tmp_path / 'missing'}"], "model directory not found"),
+                        (["--set", "model=runs/missing"], "is not a local directory, and the hub"),
+                        (["--set", f"model={no_tok}"], "has no tokenizer")]:
+        res = train_cli(*common, *extra)
+        assert res.returncode == 2
+        assert_one_line_error(res, want)
+        assert len(res.stderr.strip().splitlines()) <= 3, res.stderr  # (+ transformers' warnings)
+
+
+@pytest.mark.slow
+def test_prompts_per_step_not_divisible_by_the_ranks(tmp_path, tiny_model_dir):
+    cfg, _ = setup_run(tmp_path, tiny_model_dir, "odd", prompts_per_step=3)
+    res = train_cli("--config", cfg, torchrun=True)
+    assert_one_line_error(res, "prompts_per_step=3 must divide by the 2 ranks")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "no rows (the file is empty)"),
+    (b'{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?"}\n', ":2: row has no 'answer'"),
+    (b'{"answer": "2"}\n', ":1: row has no 'problem'"),
+    (b'{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": "4"\n', ":2: not valid JSON"),
+    (b'{"problem": "1+1?", "answer": "2"}\n\n{"problem": "caf\xe9", "answer": "4"}\n', ":3: not UTF-8 (byte 0xe9"),
+    (b'{"problem": "1+1?", "answer": ["2"]}\n', ":1: 'answer' must be a string or a number, got list"),
+    (b'[1, 2]\n', ":1: expected a JSON object")])
+def test_bad_data_names_file_and_line(tmp_path, content, message):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[")):
+        data.load_problems(str(path))
+    with pytest.raises(FileNotFoundError, match="data file not found"):
+        data.load_problems(str(tmp_path / "missing.jsonl"))
+
+
+def test_every_prompt_too_long(tmp_path, tiny_model_dir):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"problem": "long " * 50, "answer": "1"}) + "\n")
+    cfg = train.Config(model="m", train_data=str(path), max_prompt_len=16, prompt_template="{problem}")
+    with pytest.raises(UserError, match="no prompt fits max_prompt_len=16 tokens .the shortest has 250"):
+        data.load_rows(str(path), cfg, data.load_tokenizer(tiny_model_dir), 0)
+
+
+def test_model_directories(tmp_path, tiny_model_dir):
+    """No config.json, no tokenizer files: named."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="has no config.json"):
+        data.resolve_model(str(tmp_path / "empty"))
+    with pytest.raises(UserError, match="has no tokenizer"):
+        data.load_tokenizer(str(tmp_path / "empty"))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def fake_checkpoint(path, model_dir, world=2, **config_changes):
+    os.makedirs(os.path.join(path, "optim"))
+    config = {**json.load(open(os.path.join(model_dir, "config.json"))), **config_changes}
+    json.dump(config, open(os.path.join(path, "config.json"), "w"))
+    open(os.path.join(path, "optim", ".metadata"), "w").close()
+    for r in range(world):
+        open(os.path.join(path, f"rng_rank{r}.pt"), "w").close()
+    json.dump({"step": 2}, open(os.path.join(path, "trainer_state.json"), "w"))
+    return str(path)
+
+
+def test_resume_checks_the_checkpoint(tmp_path, tiny_model_dir):
+    good = fake_checkpoint(tmp_path / "step_000002", tiny_model_dir)
+    policy.check_checkpoint(good, tiny_model_dir, 2)
+    with pytest.raises(UserError, match="saved by another number of ranks than 4"):
+        policy.check_checkpoint(good, tiny_model_dir, 4)
+    with pytest.raises(UserError, match="is not a checkpoint .no trainer_state.json"):
+        policy.check_checkpoint(str(tmp_path), tiny_model_dir, 2)
+    half = fake_checkpoint(tmp_path / "step_000004.tmp", tiny_model_dir)
+    with pytest.raises(UserError, match="half-written checkpoint.*complete one: .*step_000002"):
+        policy.check_checkpoint(half, tiny_model_dir, 2)
+    other = fake_checkpoint(tmp_path / "other", tiny_model_dir, hidden_size=128)
+    with pytest.raises(UserError, match="another model .*hidden_size 128 vs 64"):
+        policy.check_checkpoint(other, tiny_model_dir, 2)
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+def test_a_reward_that_raises_or_hangs_gives_zero_and_is_counted(monkeypatch):
+    cfg = train.Config(model="m", train_data="d", reward_timeout=0.3)
+    sample = types.SimpleNamespace(text="\\boxed{2}", response_ids=[1, 2])
+    failed = {"errors": 0, "timeouts": 0}
+    assert train.guarded_reward(cfg, reward.math_reward, sample, "2", failed) == (1.0, True)
+    assert train.guarded_reward(cfg, lambda *a, **k: 1 / 0, sample, "2", failed) == (0.0, False)
+    t0 = time.perf_counter()
+    assert train.guarded_reward(cfg, lambda *a, **k: time.sleep(100), sample, "2", failed) == (0.0, False)
+    assert time.perf_counter() - t0 < 1.0
+
+    def busy(*a, **k):  # a pure-Python loop that swallows every Exception
+        while True:
+            try:
+                sum(range(1000))
+            except Exception:
+                pass
+    assert train.guarded_reward(cfg, busy, sample, "2", failed) == (0.0, False)
+    assert (failed["errors"], failed["timeouts"]) == (1, 2)
+    assert failed["first"].startswith("ZeroDivisionError")
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.slow
+def test_reward_errors_are_counted_and_too_many_stop_the_run(tmp_path, tiny_model_dir):
+    """5% of responses raise and 5% hang: counted, rewards 0, the run goes on. 30% each: the run
+    stops at step 1 with the error named, before any update."""
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf", steps=2, backend="hf", reward_timeout=0.2,
+                         max_reward_errors=0.5)
+    run(cfg, patch=("--toy-reward", "--reward-fails", "0.05"))
+    rows = metrics(out)
+    assert sum(r["reward/errors"] for r in rows) > 0 and sum(r["reward/timeouts"] for r in rows) > 0
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf_stop", steps=2, backend="hf", reward_timeout=0.2)
+    res = run(cfg, patch=("--toy-reward", "--reward-fails", "0.3"), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert "error: step 1: " in res.stderr and "(max_reward_errors=0.1); first: ValueError: grader bug" \
+        in res.stderr, res.stderr[-3000:]
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl")) or not metrics(out)
+
+
+# ----------------------------------------------------------------------------- saves
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_save_keeps_the_previous_checkpoint(tmp_path, tiny_model_dir):
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "full", steps=4, backend="hf", save_every=1,
+                         log_samples_every=0)
+    res = run(cfg, patch=("--toy-reward", "--enospc-at-save", "2"), check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert (f"error: cannot write checkpoint {out}/step_000002.tmp: [Errno 28] No space left on device"
+            in res.stderr and f"the previous checkpoint ({out}/step_000001) is intact" in res.stderr), \
+        res.stderr[-3000:]
+    assert sorted(d for d in os.listdir(out) if d.startswith("step_")) == ["step_000001"]
+    res = run(cfg, "--resume", "--set", "steps=2")  # and it resumes from it
+    assert f"--resume: from {out}/step_000001" in res.stdout
+
+
+@pytest.mark.slow
+def test_an_unwritable_out_dir_is_named(tmp_path, tiny_model_dir):
+    (tmp_path / "a_file").write_text("")
+    cfg, _ = setup_run(tmp_path, tiny_model_dir, "ro", out_dir=str(tmp_path / "a_file" / "run"),
+                       backend="hf")
+    res = run(cfg, check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert f"error: out_dir {tmp_path}/a_file/run is not writable (Not a directory" in res.stderr
+
+
+@pytest.mark.slow
+def test_poisoned_weights_are_never_saved(tmp_path, tiny_model_dir):
+    """A weight turns NaN at step 2: every loss is NaN, the update is skipped, and the save of
+    step 2 refuses, keeping step 1 as the newest checkpoint."""
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "poison", steps=4, backend="hf", save_every=1,
+                         num_minibatches=1)
+    res = run(cfg, patch=("--toy-reward", "--corrupt-weight-at-step", "2"), check=False)
+    assert res.returncode != 0
+    assert "step 2: the weights are not finite; not saved" in res.stderr, res.stderr[-3000:]
+    assert sorted(d for d in os.listdir(out) if d.startswith("step_")) == ["step_000001"]
+    assert [r["skipped_updates"] for r in metrics(out)] == [0, 1]
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def start_run(tmp_path, tiny_model_dir, name):
+    cfg, out = setup_run(tmp_path, tiny_model_dir, name, steps=50, save_every=0)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "tests", "train_patched.py"), "--toy-reward", "--", "--config", cfg]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    return proc, out
+
+
+def wait_for_steps(out, proc, timeout=240):
+    t0 = time.time()
+    while time.time() - t0 < timeout and proc.poll() is None:
+        if os.path.exists(os.path.join(out, "metrics.jsonl")) and open(os.path.join(out, "metrics.jsonl")).read():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the run made no step")
+
+
+@pytest.mark.slow
+def test_a_dead_rank_ends_the_run_naming_it(tmp_path, tiny_model_dir):
+    proc, out = start_run(tmp_path, tiny_model_dir, "rankdeath")
+    try:
+        wait_for_steps(out, proc)
+        workers = sorted(psutil.Process(proc.pid).children(), key=lambda p: p.pid)
+        victim = next(w for w in workers if "RANK=1" in "".join(f"{k}={v}" for k, v in w.environ().items()
+                                                             if k == "RANK"))
+        t0 = time.time()
+        victim.kill()
+        text, _ = proc.communicate(timeout=120)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            for p in psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]:
+                p.kill()
+    print(f"run ended {took:.1f}s after rank 1 was killed")
+    assert proc.returncode != 0
+    assert "rank      : 1" in text and "Signal 9 (SIGKILL)" in text, text[-3000:]
+    assert took < 60
+    assert not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_workers_exit_when_the_launcher_dies(tmp_path, tiny_model_dir):
+    """SIGKILL of torchrun alone: the workers (sessions of their own) exit within a few seconds."""
+    proc, out = start_run(tmp_path, tiny_model_dir, "launcherdeath")
+    try:
+        wait_for_steps(out, proc)
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        t0 = time.time()
+        proc.kill()
+        gone, alive = psutil.wait_procs(workers, timeout=30)
+        took = time.time() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for p in alive:
+        p.kill()
+    print(f"workers exited {took:.1f}s after the launcher was killed")
+    assert not alive and took < 10, f"{len(alive)} workers still running after {took:.1f}s"
+
+
+@pytest.mark.slow
+def test_fault_injection_short(tmp_path):
+    """bench/fault_inject.py in short: 3 SIGKILLs of every process (one in start-up, one at random,
+    one inside a checkpoint save), each resumed; the finished metrics equal an uninterrupted run's."""
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "fault_inject.py"), "--kills", "3",
+                          "--steps", "3", "--work", str(tmp_path), "--json", str(tmp_path / "f.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    fig = json.load(open(tmp_path / "f.json"))
+    assert fig["kills"] == 3 and fig["kills_inside_a_save"] >= 1 and fig["max_difference"] == 0.0
+    assert fig["wrong_resume_point"] == 0
+
+
+# ----------------------------------------------------------------------------- eval.py
+
+
+@pytest.mark.slow
+def test_eval_bad_input_is_one_line(tmp_path, tiny_model_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "1+1?", "answer": "2"}\nnot json\n')
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--ckpt", tiny_model_dir,
+                          "--data", str(bad), "-n", "1", "--out", str(tmp_path / "r.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert f"error: {bad}:2: not valid JSON" in res.stderr
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--ckpt", str(tmp_path),
+                          "--data", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "checkpoint not found" in res.stderr and "Traceback" not in res.stderr
