@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import torch  # noqa: E402
 
+import data  # noqa: E402
 import policy  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
@@ -251,8 +252,8 @@ def main():
         from demo import DEMO_TEMPLATE
         data = args.demo_data or os.path.join(args.demo_model, "..", "data", "test.jsonl")
         tok = AutoTokenizer.from_pretrained(args.demo_model)
-        prompts = [rollout.build_prompt(tok, r["problem"], DEMO_TEMPLATE)
-                   for r in rollout.load_problems(data)[:args.prompts]]
+        prompts = [data.build_prompt(tok, r["problem"], DEMO_TEMPLATE)
+                   for r in data.load_problems(data)[:args.prompts]]
         run_case("demo model (pre-trained, vocab 98)", args.demo_model, prompts, args)
     else:
         print(f"no demo model at {args.demo_model}: run `python demo.py prepare --out "
@@ -261,8 +262,8 @@ def main():
         from qwen_math import DATA_DIR, make_qwen_math_model
         path = make_qwen_math_model(os.path.join(tempfile.mkdtemp(prefix="mm_qwen_"), "model"))
         tok = AutoTokenizer.from_pretrained(path)
-        rows = rollout.load_problems(os.path.join(DATA_DIR, "math500.jsonl"))[:args.prompts]
-        prompts = [rollout.build_prompt(tok, r["problem"]) for r in rows]
+        rows = data.load_problems(os.path.join(DATA_DIR, "math500.jsonl"))[:args.prompts]
+        prompts = [data.build_prompt(tok, r["problem"]) for r in rows]
         run_case("random 2-layer Qwen2, real vocab 151,936", path, prompts, args)
 
 
