@@ -250,10 +250,10 @@ def main():
     from transformers import AutoTokenizer
     if os.path.isdir(args.demo_model):
         from demo import DEMO_TEMPLATE
-        data = args.demo_data or os.path.join(args.demo_model, "..", "data", "test.jsonl")
+        path = args.demo_data or os.path.join(args.demo_model, "..", "data", "test.jsonl")
         tok = AutoTokenizer.from_pretrained(args.demo_model)
         prompts = [data.build_prompt(tok, r["problem"], DEMO_TEMPLATE)
-                   for r in data.load_problems(data)[:args.prompts]]
+                   for r in data.load_problems(path)[:args.prompts]]
         run_case("demo model (pre-trained, vocab 98)", args.demo_model, prompts, args)
     else:
         print(f"no demo model at {args.demo_model}: run `python demo.py prepare --out "
