@@ -42,7 +42,6 @@ def setup_distributed():
     group, vLLM would make its own.
     """
     if "RANK" not in os.environ:  # plain `python train.py`: a group of one
-        import socket
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = str(s.getsockname()[1])
