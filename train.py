@@ -502,18 +502,27 @@ def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
                      "groups": len(groups), "drawn": len(drawn)})
     longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
     # The batch at theta_old, over every response token (or the trained ones: full_batch_metrics):
-    # entropy, Cov(logp, A), mismatch; null when there are none.
+    # entropy, Cov(logp, A), and the sampler/trainer mismatch: mean |log pi_rollout - log pi_old|,
+    # KL(pi_rollout || pi_old) by k3 (the tokens are the sampler's), the largest per-token
+    # pi_old / pi_rollout (what an importance weight would be); null when there are none.
     seqs = [s for s in seqs if s.old_logp is not None]
-    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "n"], 0.0)
+    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "mismatch_kl", "n"], 0.0)
+    log_w_max = -math.inf
     if seqs:
         cat = lambda key: torch.cat([getattr(s, key).detach().cpu().double() for s in seqs])  # noqa: E731
         lp, adv = cat("old_logp"), torch.cat([torch.full((len(s.resp),), s.adv) for s in seqs])
+        rollout_lp = cat("rollout_logp")
         local = {"entropy": cat("old_entropy").sum(), "logp_adv": (lp * adv).sum(), "logp": lp.sum(),
-                 "adv": adv.sum(), "mismatch": (cat("rollout_logp") - lp).abs().sum(), "n": len(lp)}
+                 "adv": adv.sum(), "mismatch": (rollout_lp - lp).abs().sum(),
+                 "mismatch_kl": tepo.kl_estimate(rollout_lp, lp, "k3").sum(), "n": len(lp)}
+        log_w_max = (lp - rollout_lp).max().item()
     tok = all_ranks(local)
+    log_w_max = all_ranks({"w": log_w_max}, "max")["w"]
     n_tok = tok["n"] or math.nan
     batch = {k: (None if math.isnan(v) else v) for k, v in {
         "entropy": tok["entropy"] / n_tok, "mismatch": tok["mismatch"] / n_tok,
+        "mismatch/kl": tok["mismatch_kl"] / n_tok,
+        "mismatch/ratio_max": math.exp(min(log_w_max, 700)) if tok["n"] else math.nan,
         "cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)}.items()}
     # Update metrics (over the trained tokens), combined over ranks by METRIC_REDUCE's rule, then
     # averaged over optimizer steps. A rank that trained on nothing has no keys: gather them.

@@ -60,14 +60,33 @@ cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, se
 run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(),
                       grader=lambda text, answer: float(text == "\\boxed{" + answer + "}"))
 out["eval"] = train.evaluate(run, 0)
+# The mismatch metrics of step_metrics: rank r holds 2 + r sequences of 3 + r tokens.
+seqs, groups = [], []
+for i in range(2 + rank):
+    old = -torch.rand(3 + rank, generator=g) * 2
+    roll = old + 0.3 * torch.randn(3 + rank, generator=g)
+    seqs.append(train.Sequence(0, [1], list(range(3 + rank)), 0.5, True, roll, old, torch.rand(3 + rank)))
+    sample = rollout.Sample([1], list(range(3 + rank)), "x", roll.tolist(), "stop")
+    groups.append(train.Group({"prompt": "p"}, [sample], [1.0], [True]))
+cfg = train.Config(model="m", train_data="d")
+run = SimpleNamespace(cfg=cfg, world=2, state=train.TrainState())
+rec = train.step_metrics(run, 0, groups, groups, seqs, {}, [], {"rollout": 1.0}, 1.0)
+out["mismatch"] = {k: rec[k] for k in ("mismatch", "mismatch/kl", "mismatch/ratio_max")}
+out["tokens"] = [[s.old_logp.tolist(), s.rollout_logp.tolist()] for s in seqs]
+gathered = [None, None]
+dist.all_gather_object(gathered, out["tokens"])
+out["tokens"] = [t for part in gathered for t in part]
 if rank == 0:
     print("RESULT " + json.dumps(out))
+dist.barrier()
+dist.destroy_process_group()  # else gloo's threads may abort the exit ("terminate called ...")
 '''
 
 
-def test_log_ratio_tail_and_pass_at_k_over_two_ranks(tmp_path):
-    """Two gloo ranks: the tail from each rank's largest values equals numpy's over all values;
-    pass@k equals 1 - C(n-c, k)/C(n, k) averaged over problems, whichever rank holds them."""
+def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
+    """Two gloo ranks: the tail from each rank's largest values equals the one over all values;
+    pass@k equals 1 - C(n-c, k)/C(n, k) averaged over problems, whichever rank holds them; the
+    sampler/trainer mismatch (mean |d|, k3 KL, max ratio) is over both ranks' tokens."""
     script = tmp_path / "diag.py"
     script.write_text(f"ROOT = {ROOT!r}\n" + SCRIPT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -79,6 +98,13 @@ def test_log_ratio_tail_and_pass_at_k_over_two_ranks(tmp_path):
     values = (torch.randn(3001, generator=torch.Generator().manual_seed(0)).abs() ** 3).numpy()
     assert res["tail"][0] == pytest.approx(values.max(), rel=1e-6)
     assert res["tail"][1] == pytest.approx(nearest_rank_p999(values), rel=1e-6)
+    old = np.concatenate([o for o, _ in res["tokens"]])
+    roll = np.concatenate([r for _, r in res["tokens"]])
+    d = old - roll                                   # log pi_old / pi_rollout per token
+    assert len(d) == 2 * 3 + 3 * 4
+    assert res["mismatch"]["mismatch"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
+    assert res["mismatch"]["mismatch/kl"] == pytest.approx((np.exp(d) - d - 1).mean(), rel=1e-6)
+    assert res["mismatch"]["mismatch/ratio_max"] == pytest.approx(np.exp(d).max(), rel=1e-6)
     correct, n = [0, 1, 3, 8, 5], 8
     want = {k: np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for c in correct]) for k in (1, 2, 4, 8)}
     assert set(res["eval"]) == {"eval_accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
