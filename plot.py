@@ -9,12 +9,13 @@ import json
 import os
 
 PANELS = [  # (title, [(metric, label suffix)])
-    ("reward / train accuracy", [("reward", "reward"), ("accuracy", "accuracy")]),
-    ("held-out accuracy", [("eval_accuracy", "")]),
-    ("policy entropy (nats/token)", [("entropy", "")]),
-    ("response length (tokens)", [("response_len", "")]),
-    ("KL", [("kl_old", "to pi_old"), ("kl_ref", "to pi_ref"), ("loss/kl_mask", "mask loss")]),
-    ("Cov(logp, A)", [("cov_logp_adv", "")]),
+    ("reward / train accuracy", [("reward/mean", "reward"), ("reward/accuracy", "accuracy")]),
+    ("held-out accuracy", [("eval/accuracy", "")]),
+    ("policy entropy (nats/token)", [("actor/entropy", "")]),
+    ("response length (tokens)", [("response/length_mean", "")]),
+    ("KL", [("actor/kl_old", "to pi_old"), ("actor/kl_ref", "to pi_ref"),
+            ("loss/kl_mask", "mask loss")]),
+    ("Cov(logp, A)", [("actor/cov_logp_adv", "")]),
 ]
 
 

@@ -96,7 +96,7 @@ def main(argv=None):
     run = setup(load_config(args.config, args.set), args.resume)
     cfg, state = run.cfg, run.state
     if run.eval_rows and state.step == 0:
-        dropped = {"eval_dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
+        dropped = {"eval/dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
         log(run, {"step": 0, **evaluate(run, 0), **dropped})
     bar = tqdm(range(state.step, cfg.steps), disable=run.rank != 0, desc="RL", initial=state.step,
                total=cfg.steps)
@@ -115,10 +115,10 @@ def main(argv=None):
                               t, t_step)                             # 5
         # kl_old (0 at the first mini-batch, theta = theta_old) and the sampler/trainer mismatch on
         # the bar: a dtype or kernel mismatch shows here in the first minute of a GPU run.
-        bar.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}",
-                        kl_old=f"{record.get('kl_old') or 0:.1e}",
-                        mismatch=f"{record.get('mismatch') or 0:.1e}",
-                        s_per_step=f"{record['time/step']:.1f}")
+        bar.set_postfix(reward=f"{record['reward/mean']:.3f}", acc=f"{record['reward/accuracy']:.3f}",
+                        kl_old=f"{record.get('actor/kl_old') or 0:.1e}",
+                        mismatch=f"{record.get('mismatch/abs_mean') or 0:.1e}",
+                        s_per_step=f"{record['timing/step']:.1f}")
     dist.destroy_process_group()
 
 
@@ -403,9 +403,34 @@ def keep_as_old(mb, batch, logp, entropy):
         s.old_logp, s.old_entropy = logp[b, :len(s.resp)].detach(), entropy[b, :len(s.resp)]
 
 
+# metrics.jsonl's names are grouped, as verl's and TRL's users read them: reward/, response/,
+# actor/, mismatch/, timing/, eval/ (and tepo's loss/). The flat names on the left are tepo.py's
+# and older metrics.jsonl files' (bench/same_trajectory.py maps those); a name with a "/" is
+# grouped already and is kept.
+METRIC_NAMES = {
+    "reward": "reward/mean", "accuracy": "reward/accuracy", "groups_kept": "reward/groups_kept",
+    "response_len": "response/length_mean", "response_len_max": "response/length_max",
+    "truncated": "response/truncated_frac",
+    "entropy": "actor/entropy", "cov_logp_adv": "actor/cov_logp_adv", "kl_old": "actor/kl_old",
+    "kl_ref": "actor/kl_ref", "kl_mask_frac": "actor/kl_mask_frac",
+    "clip_frac_low": "actor/clip_frac_low", "clip_frac_high": "actor/clip_frac_high",
+    "ratio_mean": "actor/ratio_mean", "ratio_min": "actor/ratio_min", "ratio_max": "actor/ratio_max",
+    "grad_norm": "actor/grad_norm", "lr": "actor/lr", "optimizer_steps": "actor/optimizer_steps",
+    "skipped_updates": "actor/skipped_updates",
+    "mismatch": "mismatch/abs_mean", "tis_weight": "mismatch/tis_weight",
+    "tokens_per_s": "timing/rollout_tokens_per_s",  # and time/<phase> -> timing/<phase>
+    "eval_accuracy": "eval/accuracy", "eval_dropped_long_prompts": "eval/dropped_long_prompts",
+}
+
+
+def metric_name(key):
+    """The metrics.jsonl name of a metric: grouped by METRIC_NAMES; a name with a "/" is kept."""
+    return key if "/" in key else METRIC_NAMES.get(key, key)
+
+
 # How each update metric combines over micro-batches and ranks; every other one adds up (they are
 # normalised by global counts), then is averaged over the step's optimizer steps.
-METRIC_REDUCE = {"ratio_min": "min", "ratio_max": "max", "actor/log_ratio_max": "max",
+METRIC_REDUCE = {"actor/ratio_min": "min", "actor/ratio_max": "max", "actor/log_ratio_max": "max",
                  "actor/log_ratio_p999": "max"}
 
 
@@ -436,8 +461,10 @@ def global_tail(top, n, q):
 
 
 def add_metrics(sums, metrics):
-    """Fold one micro-batch's metrics (0-d tensors) into `sums`, by METRIC_REDUCE's rule."""
+    """Fold one micro-batch's metrics (0-d tensors, tepo.policy_loss's) into `sums` under their
+    metrics.jsonl names (metric_name), by METRIC_REDUCE's rule."""
     for key, v in metrics.items():
+        key = metric_name(key)
         op = METRIC_REDUCE.get(key, "sum")
         sums[key] = (min if op == "min" else max)(sums.get(key, v), v) if op != "sum" \
             else sums.get(key, 0.0) + v
@@ -520,31 +547,33 @@ def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
     log_w_max = all_ranks({"w": log_w_max}, "max")["w"]
     n_tok = tok["n"] or math.nan
     batch = {k: (None if math.isnan(v) else v) for k, v in {
-        "entropy": tok["entropy"] / n_tok, "mismatch": tok["mismatch"] / n_tok,
+        "actor/entropy": tok["entropy"] / n_tok, "mismatch/abs_mean": tok["mismatch"] / n_tok,
         "mismatch/kl": tok["mismatch_kl"] / n_tok,
         "mismatch/ratio_max": math.exp(min(log_w_max, 700)) if tok["n"] else math.nan,
-        "cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)}.items()}
+        "actor/cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)
+    }.items()}
     # Update metrics (over the trained tokens), combined over ranks by METRIC_REDUCE's rule, then
     # averaged over optimizer steps. A rank that trained on nothing has no keys: gather them.
     key_sets = [None] * run.world
     dist.all_gather_object(key_sets, sorted(k for k in sums if k not in batch and not k.startswith("cov/")))
     keys = sorted(set().union(*key_sets))
-    fill = {"ratio_min": math.inf, "ratio_max": -math.inf}
+    fill = {"actor/ratio_min": math.inf, "actor/ratio_max": -math.inf}
     vals = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}
     summed, lo, hi = all_ranks(vals), all_ranks(vals, "min"), all_ranks(vals, "max")
     rule = {"min": lo, "max": hi}
     update = {k: rule[METRIC_REDUCE[k]][k] if k in METRIC_REDUCE else summed[k] / max(len(stats), 1)
               for k in keys}
     n = max(tot["samples"], 1)
-    record = {"step": step + 1, "reward": tot["reward"] / n, "accuracy": tot["correct"] / n,
-              "response_len": tot["tokens"] / n, "response_len_max": longest,
-              "truncated": tot["truncated"] / n, **batch, **update, "optimizer_steps": len(stats),
-              "grad_norm": sum(g for _, g, _ in stats) / max(len(stats), 1),
-              "lr": lr_at(cfg, step), "skipped_updates": run.state.skipped,
-              "time/step": step_time, **{f"time/{k}": v for k, v in t.items()},
-              "tokens_per_s": tot["tokens"] / max(t["rollout"], 1e-9)}
+    record = {"step": step + 1, "reward/mean": tot["reward"] / n, "reward/accuracy": tot["correct"] / n,
+              "response/length_mean": tot["tokens"] / n, "response/length_max": longest,
+              "response/truncated_frac": tot["truncated"] / n, **batch, **update,
+              "actor/optimizer_steps": len(stats),
+              "actor/grad_norm": sum(g for _, g, _ in stats) / max(len(stats), 1),
+              "actor/lr": lr_at(cfg, step), "actor/skipped_updates": run.state.skipped,
+              "timing/step": step_time, **{f"timing/{k}": v for k, v in t.items()},
+              "timing/rollout_tokens_per_s": tot["tokens"] / max(t["rollout"], 1e-9)}
     if cfg.dynamic_sampling:
-        record["groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
+        record["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
     return record
 
 
@@ -556,7 +585,7 @@ def log(run, record):
 
 
 def evaluate(run, step):
-    """Held-out accuracy over all ranks: {"eval_accuracy": mean correctness of the eval_n samples
+    """Held-out accuracy over all ranks: {"eval/accuracy": mean correctness of the eval_n samples
     per problem (= pass@1), "eval/pass@k": unbiased pass@k (eval.pass_at_k) averaged over problems,
     for k = 1, 2, 4, ... <= eval_n}. pass@k falling while pass@1 rises is a policy collapsing onto
     fewer answers."""
@@ -569,7 +598,7 @@ def evaluate(run, step):
     local = {f"pass@{k}": sum(pass_at_k(cfg.eval_n, c, k) for c in right) for k in ks}
     total = all_ranks({"correct": sum(right), "problems": len(mine), **local})
     n = max(total["problems"], 1)
-    return {"eval_accuracy": total["correct"] / (n * cfg.eval_n),
+    return {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
             **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
 
 

@@ -26,11 +26,11 @@ the trainer with itself: its no-grad old pass vs a grad-enabled forward of the s
 --train-step also runs train.py itself for one RL step (one process, configs/demo.yaml on the
 demo model, 16 prompts x 8, num_minibatches 4, the toy reward of tests/train_patched.py -- 1.0
 when the response contains a '7' -- so every mini-batch updates) for several dtype/lr settings, and
-prints `mismatch` and `kl_old` from its metrics.jsonl, plus kl_old and the ratio extremes of each
-mini-batch (recorded by wrapping tepo.policy_loss in the child process). metrics.jsonl's kl_old is
-the mean over the 4 mini-batches; the first one's is 0 by construction (its forward is its own
-old pass), the later ones' reflect the real updates plus any numerical non-determinism; lr 0 is
-the control with no update.
+prints `mismatch/abs_mean` and `actor/kl_old` from its metrics.jsonl, plus kl_old and the ratio
+extremes of each mini-batch (recorded by wrapping tepo.policy_loss in the child process).
+metrics.jsonl's kl_old is the mean over the 4 mini-batches; the first one's is 0 by construction
+(its forward is its own old pass), the later ones' reflect the real updates plus any numerical
+non-determinism; lr 0 is the control with no update.
 
 Models: the demo model (`python demo.py prepare --out /tmp/mm_demo --steps 250`, 0.8 M params,
 vocabulary 98, pre-trained so its distributions are peaked like a real policy's), and with
@@ -160,9 +160,11 @@ def train_child(argv):
 
     def loss(*a, **kw):
         value, m = real_loss(*a, **kw)
-        calls.append({"minibatch": opt_steps[0], "kl_old": float(m["kl_old"]),
-                      "ratio_min": float(m["ratio_min"]), "ratio_max": float(m["ratio_max"]),
-                      "mismatch": float(m.get("mismatch", float("nan")))})
+        named = {train.metric_name(k): v for k, v in m.items()}  # tepo's names, flat or grouped
+        calls.append({"minibatch": opt_steps[0], "kl_old": float(named["actor/kl_old"]),
+                      "ratio_min": float(named["actor/ratio_min"]),
+                      "ratio_max": float(named["actor/ratio_max"]),
+                      "mismatch": float(named.get("mismatch/abs_mean", float("nan")))})
         return value, m
 
     def step(self, *a, **kw):
@@ -210,9 +212,10 @@ def train_steps(args):
     print(f"\n{'sampler':<10}{'trainer':<10}{'lr':>7}{'mismatch':>10}{'kl_old':>10}{'clip lo':>8}"
           f"{'clip hi':>8}{'opt':>4}{'reward':>7}")
     for dtype, tdtype, lr, rec, _ in results:
-        print(f"{dtype:<10}{tdtype:<10}{lr:>7g}{rec.get('mismatch') or 0:>10.2e}"
-              f"{rec.get('kl_old') or 0:>10.2e}{rec.get('clip_frac_low') or 0:>8.3f}"
-              f"{rec.get('clip_frac_high') or 0:>8.3f}{rec['optimizer_steps']:>4}{rec['reward']:>7.2f}")
+        print(f"{dtype:<10}{tdtype:<10}{lr:>7g}{rec.get('mismatch/abs_mean') or 0:>10.2e}"
+              f"{rec.get('actor/kl_old') or 0:>10.2e}{rec.get('actor/clip_frac_low') or 0:>8.3f}"
+              f"{rec.get('actor/clip_frac_high') or 0:>8.3f}{rec['actor/optimizer_steps']:>4}"
+              f"{rec['reward/mean']:>7.2f}")
     print("(metrics.jsonl: mismatch = mean |logp_sampler - logp_trainer_old| over all tokens; kl_old,"
           " clip fractions: means over the 4 mini-batches, the first one's 0)")
     print("\nper mini-batch: kl_old [ratio_min - 1, ratio_max - 1] of the sequence ratio "

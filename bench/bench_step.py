@@ -73,17 +73,17 @@ def main():
     with open(os.path.join(cfg["out_dir"], "metrics.jsonl")) as f:
         recs = [json.loads(line) for line in f][args.warmup:]
     med = lambda key: statistics.median(r[key] for r in recs)  # noqa: E731
-    step = med("time/step")
+    step = med("timing/step")
     print(f"\nbench_step: 17.8M Qwen2-shape, 8 prompts x 8 samples x <=128 tokens, fp32, tepo, "
           f"1 mini-batch, 1 process; median of {len(recs)} steps after {args.warmup} warm-up")
     print(f"{'phase':<14}{'median s':>10}{'share':>8}")
     for p in PHASES:
-        print(f"{p:<14}{med('time/' + p):>10.3f}{med('time/' + p) / step:>8.1%}")
+        print(f"{p:<14}{med('timing/' + p):>10.3f}{med('timing/' + p) / step:>8.1%}")
     print(f"{'step':<14}{step:>10.3f}")
-    print(f"reward {args.reward}: {med('reward'):.3f} mean; "
-          f"{statistics.mean(r['optimizer_steps'] for r in recs):.1f} optimizer steps per RL step")
-    print(f"generated tokens/s (rollout phase): {med('tokens_per_s'):.0f}; "
-          f"mean response length {med('response_len'):.1f} tokens; "
+    print(f"reward {args.reward}: {med('reward/mean'):.3f} mean; "
+          f"{statistics.mean(r['actor/optimizer_steps'] for r in recs):.1f} optimizer steps per RL step")
+    print(f"generated tokens/s (rollout phase): {med('timing/rollout_tokens_per_s'):.0f}; "
+          f"mean response length {med('response/length_mean'):.1f} tokens; "
           f"TRL GRPOTrainer reference 11.3 s/step -> {11.3 / step:.2f}x")
 
 

@@ -31,9 +31,9 @@ VARIANTS = {  # name -> train.py overrides
     "dapo": ["method=dapo", "max_sampling_tries=1"], "gspo": ["method=gspo"],
     "tepo": ["method=tepo"], "tepo-nomask": ["method=tepo", "loss.kl_mask=false"],
 }
-CURVES = [("eval_accuracy", "held-out accuracy"), ("reward", "reward (train batch)"),
-          ("entropy", "policy entropy (nats/token)"), ("response_len", "response length (tokens)"),
-          ("cov_logp_adv", "Cov(logp, A)")]
+CURVES = [("eval/accuracy", "held-out accuracy"), ("reward/mean", "reward (train batch)"),
+          ("actor/entropy", "policy entropy (nats/token)"),
+          ("response/length_mean", "response length (tokens)"), ("actor/cov_logp_adv", "Cov(logp, A)")]
 
 
 def read(run_dir):
@@ -46,7 +46,7 @@ def read(run_dir):
 
 def run_one(name, seed, args, out_dir):
     rows = read(out_dir)
-    if rows and rows[-1].get("step") == args.steps and "eval_accuracy" in rows[-1]:
+    if rows and rows[-1].get("step") == args.steps and "eval/accuracy" in rows[-1]:
         print(f"[skip] {out_dir} is complete")
         return
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -70,13 +70,14 @@ def summarize(results, threshold):
     """One table row per variant: final accuracy, steps to threshold, min entropy, s/step."""
     table = []
     for name, runs in results.items():
-        finals = [[r for r in rows if "eval_accuracy" in r][-1]["eval_accuracy"] for rows in runs]
-        reach = [next((r["step"] for r in rows if r.get("eval_accuracy", -1) >= threshold), None)
+        finals = [[r for r in rows if "eval/accuracy" in r][-1]["eval/accuracy"] for rows in runs]
+        reach = [next((r["step"] for r in rows if r.get("eval/accuracy", -1) >= threshold), None)
                  for rows in runs]
         hit = [s for s in reach if s is not None]
-        min_ent = [min(r["entropy"] for r in rows if r.get("entropy") is not None) for rows in runs]
-        sps = [statistics.mean(r["time/step"] for r in rows if "time/step" in r) for rows in runs]
-        start = [rows[0].get("eval_accuracy") for rows in runs]
+        min_ent = [min(r["actor/entropy"] for r in rows if r.get("actor/entropy") is not None)
+                   for rows in runs]
+        sps = [statistics.mean(r["timing/step"] for r in rows if "timing/step" in r) for rows in runs]
+        start = [rows[0].get("eval/accuracy") for rows in runs]
         sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
         table.append({
             "variant": name, "seeds": len(runs), "start_acc": statistics.mean(start),
@@ -92,7 +93,7 @@ def plot(results, out_prefix):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     paths = []
-    for key, title in CURVES + [("kl_mask_frac", "KL-mask fraction of tokens")]:
+    for key, title in CURVES + [("actor/kl_mask_frac", "KL-mask fraction of tokens")]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for name, runs in results.items():
             steps, mean, lo, hi = curve(runs, key)
@@ -103,7 +104,7 @@ def plot(results, out_prefix):
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        path = f"{out_prefix}_{key}.png"
+        path = f"{out_prefix}_{key.replace('/', '_')}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)

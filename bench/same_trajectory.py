@@ -7,7 +7,9 @@ For restructurings, which must change no behaviour. It checks out COMMIT in a gi
 the demo's data and model once (`demo.py prepare --steps 250`, with this tree's demo.py, so both
 sides start from the same files), then runs `configs/demo.yaml` on 2 ranks for --steps RL steps
 (prompts_per_step 16, eval_every 0, save_every 0) with each tree's train.py, and compares every
-numeric, non-timing metric of metrics.jsonl to a relative 1e-5. Prints the largest difference
+numeric, non-timing metric of metrics.jsonl to a relative 1e-5. A commit from before the grouped
+metric names (reward, kl_old, time/step: now reward/mean, actor/kl_old, timing/step) has its
+names mapped to today's (train.METRIC_NAMES) before the comparison. Prints the largest difference
 and exits 1 if a value differs (or a key is missing on one side). `--set` adds config overrides
 to both runs: `--set method=grpo` also exercises the reference model and the later mini-batches
 (its KL term trains every sequence), which the demo's few rewarded groups at 250 SFT steps rarely
@@ -21,7 +23,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VOLATILE = ("time/", "tokens_per_s")  # wall clock: differs between any two runs
+sys.path.insert(0, ROOT)
+from train import metric_name  # noqa: E402
+
+VOLATILE = ("timing/",)  # wall clock: differs between any two runs
 
 
 def run(cmd, cwd):
@@ -37,7 +42,14 @@ def rl_run(tree, demo_dir, out_dir, steps, extra=()):
          "train.py", "--config", "configs/demo.yaml", *[a for o in overrides for a in ("--set", o)]],
         cwd=tree)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [renamed(json.loads(line)) for line in f]
+
+
+def renamed(record):
+    """A record in today's metric names: an older train.py's flat ones (reward, kl_old, ...) and
+    time/<phase> mapped to their groups; today's names stay as they are."""
+    return {("timing/" + k[len("time/"):] if k.startswith("time/") else metric_name(k)): v
+            for k, v in record.items()}
 
 
 def compare(old, new, rel=1e-5):

@@ -36,9 +36,9 @@ def test_the_demo_pipeline_end_to_end(tmp_path):
        "--set", "eval_max_problems=8", "--set", "save_every=0")
     rows = [json.loads(line) for line in open(os.path.join(rl, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: held-out accuracy before RL
-    assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[-1]
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
     for r in rows[1:]:
-        assert 0.0 <= r["accuracy"] <= 1.0 and r["entropy"] > 0 and r["time/rollout"] > 0
+        assert 0.0 <= r["reward/accuracy"] <= 1.0 and r["actor/entropy"] > 0 and r["timing/rollout"] > 0
     final = os.path.realpath(os.path.join(rl, "final"))
     assert os.path.basename(final) == "step_000003"
 

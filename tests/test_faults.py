@@ -253,7 +253,7 @@ def test_poisoned_weights_are_never_saved(tmp_path, tiny_model_dir):
     assert res.returncode != 0
     assert "step 2: the weights are not finite; not saved" in res.stderr, res.stderr[-3000:]
     assert sorted(d for d in os.listdir(out) if d.startswith("step_")) == ["step_000001"]
-    assert [r["skipped_updates"] for r in metrics(out)] == [0, 1]
+    assert [r["actor/skipped_updates"] for r in metrics(out)] == [0, 1]
 
 
 # ----------------------------------------------------------------------------- processes

@@ -56,8 +56,9 @@ def test_gpu_config_runs_resumes_and_evaluates(method, qwen_model, tmp_path):
     rows = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
-        assert r["response_len_max"] <= 24 and r["optimizer_steps"] > 0 and r["grad_norm"] > 0
-        assert r["mismatch"] < 0.05 and 0 <= r["kl_old"] < 0.05  # bf16 sampler vs fp32 trainer
+        assert r["response/length_max"] <= 24 and r["actor/optimizer_steps"] > 0
+        assert r["actor/grad_norm"] > 0
+        assert r["mismatch/abs_mean"] < 0.05 and 0 <= r["actor/kl_old"] < 0.05  # bf16 sampler, fp32 trainer
     state = json.load(open(out_dir / "step_000003" / "trainer_state.json"))
     assert state["step"] == 3 and state["data_pos"] >= 3 * 2
     assert os.path.realpath(out_dir / "final") == str(out_dir / "step_000003")

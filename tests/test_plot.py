@@ -10,14 +10,15 @@ def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     run = tmp_path / "run"
     run.mkdir()
-    rows = [{"step": 0, "eval_accuracy": 0.2}] + [
-        {"step": s, "reward": 0.1 * s, "accuracy": 0.1 * s, "entropy": 1 / s, "response_len": 40 + s,
-         "kl_old": 0.01, "loss/kl_mask": 0.001, "cov_logp_adv": 0.02} for s in range(1, 6)]
+    rows = [{"step": 0, "eval/accuracy": 0.2}] + [
+        {"step": s, "reward/mean": 0.1 * s, "reward/accuracy": 0.1 * s, "actor/entropy": 1 / s,
+         "response/length_mean": 40 + s, "actor/kl_old": 0.01, "loss/kl_mask": 0.001,
+         "actor/cov_logp_adv": 0.02} for s in range(1, 6)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = plot.main([str(run)])
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert plot.series(rows, "eval_accuracy") == ([0], [0.2])
+    assert plot.series(rows, "eval/accuracy") == ([0], [0.2])
 
 
 def test_plot_names_a_missing_metrics_file(tmp_path):

@@ -71,7 +71,7 @@ for i in range(2 + rank):
 cfg = train.Config(model="m", train_data="d")
 run = SimpleNamespace(cfg=cfg, world=2, state=train.TrainState())
 rec = train.step_metrics(run, 0, groups, groups, seqs, {}, [], {"rollout": 1.0}, 1.0)
-out["mismatch"] = {k: rec[k] for k in ("mismatch", "mismatch/kl", "mismatch/ratio_max")}
+out["mismatch"] = {k: rec[k] for k in ("mismatch/abs_mean", "mismatch/kl", "mismatch/ratio_max")}
 out["tokens"] = [[s.old_logp.tolist(), s.rollout_logp.tolist()] for s in seqs]
 gathered = [None, None]
 dist.all_gather_object(gathered, out["tokens"])
@@ -102,12 +102,12 @@ def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     roll = np.concatenate([r for _, r in res["tokens"]])
     d = old - roll                                   # log pi_old / pi_rollout per token
     assert len(d) == 2 * 3 + 3 * 4
-    assert res["mismatch"]["mismatch"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
+    assert res["mismatch"]["mismatch/abs_mean"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
     assert res["mismatch"]["mismatch/kl"] == pytest.approx((np.exp(d) - d - 1).mean(), rel=1e-6)
     assert res["mismatch"]["mismatch/ratio_max"] == pytest.approx(np.exp(d).max(), rel=1e-6)
     correct, n = [0, 1, 3, 8, 5], 8
     want = {k: np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for c in correct]) for k in (1, 2, 4, 8)}
-    assert set(res["eval"]) == {"eval_accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
-    assert res["eval"]["eval_accuracy"] == pytest.approx(sum(correct) / (5 * n))
+    assert set(res["eval"]) == {"eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
+    assert res["eval"]["eval/accuracy"] == pytest.approx(sum(correct) / (5 * n))
     for k, v in want.items():
         assert res["eval"][f"eval/pass@{k}"] == pytest.approx(v), k

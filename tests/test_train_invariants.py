@@ -78,7 +78,7 @@ def final_weights(out_dir):
 def reference(cfg, steps, reward_fn, grad_clip=None):
     """The RL steps recomputed plainly. `steps`: per step, the groups of the whole batch (all
     ranks); `reward_fn(step, text)`. One optimizer step per RL step (num_minibatches=1, so
-    theta_old = theta). -> per step {"loss/policy", "loss/kl_ref", "grad_norm", "weights"}."""
+    theta_old = theta). -> per step {"loss/policy", "loss/kl_ref", "actor/grad_norm", "weights"}."""
     from transformers import AutoModelForCausalLM
     assert cfg.num_minibatches == 1
     lcfg, T = cfg.loss_cfg, cfg.temperature
@@ -126,7 +126,7 @@ def reference(cfg, steps, reward_fn, grad_clip=None):
                 p.mul_(1 - cfg.lr * cfg.weight_decay)
                 denom = (m2[k] / (1 - b2 ** t)).sqrt() + eps
                 p.sub_(cfg.lr * (m1[k] / (1 - b1 ** t)) / denom)
-        out.append({**sums, "grad_norm": norm,
+        out.append({**sums, "actor/grad_norm": norm,
                     "weights": {k: p.detach().clone() for k, p in params.items()}})
     return out
 
@@ -167,11 +167,11 @@ def test_two_ranks_loss_and_grad_norm_equal_the_whole_batch_reference(two_ranks)
     """Each step's loss and gradient norm on 2 ranks == one process over both ranks' samples:
     the loss must be normalised by the global token count, rank gradients summed."""
     rows, ref = two_ranks["metrics"], two_ranks["ref"]
-    assert [r["step"] for r in rows] == [1, 2] and all(r["optimizer_steps"] == 1 for r in rows)
-    assert all(r["grad_norm"] > 0 for r in ref), "the toy reward should give each step a gradient"
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actor/optimizer_steps"] == 1 for r in rows)
+    assert all(r["actor/grad_norm"] > 0 for r in ref), "the toy reward should give each step a gradient"
     for t, (row, want) in enumerate(zip(rows, ref), 1):
-        assert row["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4), \
-            f"step {t}: grad_norm {row['grad_norm']} != reference {want['grad_norm']}"
+        assert row["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4), \
+            f"step {t}: grad_norm {row['actor/grad_norm']} != reference {want['actor/grad_norm']}"
         assert row["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-4, abs=1e-7), \
             f"step {t}: loss/policy {row['loss/policy']} != reference {want['loss/policy']}"
 
@@ -183,7 +183,7 @@ def test_two_ranks_weights_equal_adamw_on_the_clipped_gradient(two_ranks):
     clipping changes the update (checked: the unclipped reference is far off)."""
     got, cfg = final_weights(two_ranks["out"]), two_ranks["cfg"]
     want = two_ranks["ref"][-1]["weights"]
-    assert all(r["grad_norm"] > 100 * cfg.grad_clip for r in two_ranks["ref"])
+    assert all(r["actor/grad_norm"] > 100 * cfg.grad_clip for r in two_ranks["ref"])
     tol = 0.01 * cfg.lr  # 1% of the largest AdamW step
     unclipped = reference(cfg, two_ranks["steps"], toy, grad_clip=1e9)[-1]["weights"]
     gap = weight_error(unclipped, want, tol)
@@ -225,13 +225,13 @@ def test_grpo_kl_term_trains_groups_with_equal_rewards(tmp_path, tiny_model_dir)
     rows = metrics(out)
     assert any(len({toy(1, s["text"]) for s in g}) > 1 for g in steps[0]), \
         "step 1 needs a group with reward spread, to move the policy off the reference"
-    assert rows[1]["reward"] == 0.0
-    assert ref[1]["grad_norm"] > 0 and ref[1]["loss/kl_ref"] > 0 and ref[1]["loss/policy"] == 0
+    assert rows[1]["reward/mean"] == 0.0
+    assert ref[1]["actor/grad_norm"] > 0 and ref[1]["loss/kl_ref"] > 0 and ref[1]["loss/policy"] == 0
     for t, (row, want) in enumerate(zip(rows, ref), 1):
-        for k in ("grad_norm", "loss/kl_ref"):
+        for k in ("actor/grad_norm", "loss/kl_ref"):
             assert row.get(k, 0.0) == pytest.approx(want[k], rel=1e-4, abs=1e-9), \
                 f"step {t}: {k} {row.get(k)} != reference {want[k]} (optimizer_steps " \
-                f"{row['optimizer_steps']})"
+                f"{row['actor/optimizer_steps']})"
     tol = 0.01 * cfg.lr
     err = weight_error(final_weights(out), ref[-1]["weights"], tol)
     assert err[0] < 10 * tol and err[1] < 1e-3, (
