@@ -65,6 +65,9 @@ class Config:
     max_bad_steps: int = 5               # non-finite updates in a row before the run stops
     reward_timeout: float = 10.0         # seconds a reward call may take; over it: reward 0, counted
     max_reward_errors: float = 0.1       # share of a step's rewards that may raise or time out
+    loggers: list = field(default_factory=lambda: ["jsonl"])  # + tensorboard | wandb (trackers.py)
+    wandb_project: str = "tepo"          # wandb: the project
+    wandb_run_name: str | None = None    # wandb: the run's name; null: out_dir's last part
 
     def __post_init__(self):
         try:
@@ -86,6 +89,10 @@ class Config:
                               ("lr_schedule", ("constant", "cosine"))):
             if getattr(self, name) not in allowed:
                 raise UserError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
+        bad = [x for x in self.loggers if x not in ("jsonl", "tensorboard", "wandb")]
+        if bad:
+            raise UserError(f"config: loggers takes jsonl, tensorboard and wandb, not {bad[0]!r} "
+                            f"(metrics.jsonl is always written: tensorboard and wandb are added to it)")
         if self.keep_last < 0:
             raise UserError(f"config: keep_last must be >= 0 (0 keeps every checkpoint), not {self.keep_last}")
         for names, ok, what in (

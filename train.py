@@ -12,6 +12,7 @@ its own share of the prompts. One RL step is five calls in `main`:
                        a token budget, the loss normalised by counts summed over all ranks
   5. sync_and_log      full weights from FSDP2 into the engine; metrics.jsonl; samples; checkpoint
 Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
+TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
 """
 import argparse
 import json
@@ -37,6 +38,7 @@ from eval import pass_at_k
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, full_weights,
                     list_checkpoints, load_policy, load_training_state, run_main, save_checkpoint,
                     set_rng_states, setup_distributed)
+from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
 
@@ -83,6 +85,7 @@ class Run:
     eval_rows: list                      # held-out rows
     eval_dropped: int                    # held-out rows dropped for a prompt over max_prompt_len
     state: TrainState
+    trackers: list                       # open_trackers's (rank 0): TensorBoard, wandb, if chosen
 
 
 def main(argv=None):
@@ -119,6 +122,8 @@ def main(argv=None):
                         kl_old=f"{record.get('actor/kl_old') or 0:.1e}",
                         mismatch=f"{record.get('mismatch/abs_mean') or 0:.1e}",
                         s_per_step=f"{record['timing/step']:.1f}")
+    for tracker in run.trackers:
+        tracker.close()
     dist.destroy_process_group()
 
 
@@ -128,6 +133,7 @@ def setup(cfg, resume):
     rank, world, device = setup_distributed()
     if cfg.prompts_per_step % world:
         raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
+    check_installed(cfg.loggers)  # before the loading: a missing tracker package stops the run now
     model_dir = resolve_model(cfg.model)
     tokenizer = load_tokenizer(model_dir)
     rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
@@ -166,7 +172,8 @@ def setup(cfg, resume):
             yaml.safe_dump(config_dict(cfg), f)
     return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine,
                reward.make_grader(cfg.reward), rows,
-               eval_rows[:cfg.eval_max_problems or None], eval_dropped, state)
+               eval_rows[:cfg.eval_max_problems or None], eval_dropped, state,
+               open_trackers(cfg, state.step, resumed=bool(ckpt)) if rank == 0 else [])
 
 
 # ----------------------------------------------------------------------------- one RL step
@@ -327,10 +334,13 @@ def sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, upd
     log(run, record)
     skipped = not all(taken for _, _, taken in stats)  # a skipped update: its batch goes on record
     if run.rank == 0 and ((cfg.log_samples_every and step % cfg.log_samples_every == 0) or skipped):
+        rows = [{"step": step + 1, "prompt": g.row["prompt"], "answer": g.row["answer"],
+                 "response": s.text, "reward": r}
+                for g in drawn[:2] for s, r in zip(g.samples[:2], g.rewards)]
         with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
-            f.writelines(json.dumps({"step": step + 1, "prompt": g.row["prompt"], "answer": g.row["answer"],
-                                     "response": s.text, "reward": r}) + "\n"
-                         for g in drawn[:2] for s, r in zip(g.samples[:2], g.rewards))
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        for tracker in run.trackers:
+            tracker.samples(step + 1, rows)
     # Too many non-finite updates in a row: save this step's state as it is (the bad updates
     # were skipped, so the weights are finite) without pruning older checkpoints, and stop.
     stop = state.bad_in_a_row > cfg.max_bad_steps
@@ -578,10 +588,12 @@ def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
 
 
 def log(run, record):
-    """Append one record to out_dir/metrics.jsonl (rank 0)."""
+    """Append one record to out_dir/metrics.jsonl, and send it to the trackers (rank 0)."""
     if run.rank == 0:
         with open(os.path.join(run.cfg.out_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
+        for tracker in run.trackers:
+            tracker.log(record)
 
 
 def evaluate(run, step):

@@ -35,7 +35,8 @@ def wrong_value(kind):
     """A YAML value of the wrong type for a field annotated `kind`."""
     if isinstance(kind, types.UnionType):
         kind = next(t for t in kind.__args__ if t is not type(None))
-    return {bool: "maybe", int: "abc", float: "abc", str: "[1, 2]", tuple: "fast", dict: "7"}[kind]
+    return {bool: "maybe", int: "abc", float: "abc", str: "[1, 2]", tuple: "fast", dict: "7",
+            list: "7"}[kind]
 
 
 @pytest.mark.parametrize("field", [f for f in dataclasses.fields(train.Config)] +
@@ -54,6 +55,7 @@ def test_a_wrong_type_for_any_key_names_the_key(field):
     ("betas=[0.9, 1.5]", "betas must be two numbers"), ("max_reward_errors=2", "max_reward_errors must be in"),
     ("reward_timeout=0", "reward_timeout must be > 0"), ("backend=sglang", "backend must be one of"),
     ("loss.clip_low=2", "clip range"), ("method=ppo", "unknown method"),
+    ("loggers=[jsonl, mlflow]", "loggers takes jsonl, tensorboard and wandb, not 'mlflow'"),
     ("learning_rate=1", r"unknown config key\(s\) \['learning_rate'\]")])
 def test_out_of_range_values_are_named(setting, message):
     with pytest.raises(UserError, match=message):
