@@ -122,9 +122,9 @@ def main(argv=None):
                         kl_old=f"{record.get('actor/kl_old') or 0:.1e}",
                         mismatch=f"{record.get('mismatch/abs_mean') or 0:.1e}",
                         s_per_step=f"{record['timing/step']:.1f}")
+    dist.destroy_process_group()  # first, on every rank alike: rank 0's trackers take a while
     for tracker in run.trackers:
         tracker.close()
-    dist.destroy_process_group()
 
 
 def setup(cfg, resume):
