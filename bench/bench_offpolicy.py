@@ -70,13 +70,15 @@ def main():
           f"{'masked':>9}{'acc start':>11}{'acc end':>9}")
     for name, rows in results.items():
         steps = [r for r in rows if r["step"] > 0 and get(r, "mismatch/kl") is not None]
-        mean = lambda *k: sum(get(r, *k) or 0.0 for r in steps) / max(len(steps), 1)  # noqa: E731
+        def mean(*keys, fmt=".4f"):  # over the steps that logged it; "-" when none did
+            vals = [get(r, *keys) for r in steps if get(r, *keys) is not None]
+            return format(sum(vals) / len(vals), fmt) if vals else "-"
         evals = [get(r, "eval/accuracy", "eval_accuracy") for r in rows
                  if get(r, "eval/accuracy", "eval_accuracy") is not None]
         rmax = max((get(r, "mismatch/ratio_max") for r in steps), default=float("nan"))
-        print(f"{name:<10}{mean('mismatch/abs_mean', 'mismatch'):>10.2e}{mean('mismatch/kl'):>10.2e}"
-              f"{mean('mismatch/ratio_max'):>10.3f} | {rmax:<6.3f}"
-              f"{mean('mismatch/is_weight'):>11.4f}{mean('mismatch/masked_frac'):>9.4f}"
+        print(f"{name:<10}{mean('mismatch/abs_mean', 'mismatch', fmt='.2e'):>10}"
+              f"{mean('mismatch/kl', fmt='.2e'):>10}{mean('mismatch/ratio_max', fmt='.3f'):>10} | {rmax:<6.3f}"
+              f"{mean('mismatch/is_weight'):>11}{mean('mismatch/masked_frac'):>9}"
               f"{evals[0]:>11.3f}{evals[-1]:>9.3f}")
 
 
