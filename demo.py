@@ -121,6 +121,13 @@ def worked_solution(a, op, b, slip=None):
     person's slip would go on: the next carry comes from the wrong line, the boxed answer is
     the one the lines give (347+258 with slip (1, -1): "4+5+1=09\\n3+2+0=05\\n\\boxed{595}").
     """
+    lines, answer = column_arithmetic(a, op, b, slip)
+    return "\n".join(lines + [f"\\boxed{{{answer}}}"])
+
+
+def column_arithmetic(a, op, b, slip=None):
+    """The lines of `a op b` worked in columns (the header "a?b", then one line per column) and the
+    result those lines give: worked_solution without the box, see there. -> (lines, result)"""
     if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
         raise ValueError(f"operands must be non-negative ints, got {a!r}, {b!r}")
     if op not in ("+", "-", "*"):
@@ -145,9 +152,7 @@ def worked_solution(a, op, b, slip=None):
         carry = 1 - r // 10 if op == "-" else r // 10
         digits.append(r % 10)
     head = "" if op == "-" else str(carry)  # the borrow given back is no digit of a - b
-    answer = int(head + "".join(str(d) for d in reversed(digits)))
-    lines.append(f"\\boxed{{{answer}}}")
-    return "\n".join(lines)
+    return lines, int(head + "".join(str(d) for d in reversed(digits)))
 
 
 def make_row(a, op, b, rng, slip=None):
@@ -219,11 +224,21 @@ def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, o
     Only the SFT solutions have slips (`slip_prob`); every "answer" is the true result.
     Returns {split: rows}.
     """
+    return write_splits(out_dir, seed, {"test": n_test, "train": n_train, "sft": n_sft},
+                        lambda n, split_seed, exclude, slips: generate_rows(
+                            n, split_seed, ops=ops, digits=digits, exclude=exclude,
+                            slip_prob=slip_prob if slips else 0.0))
+
+
+def write_splits(out_dir, seed, sizes, generate):
+    """Write each split of `sizes` ({"test": n, "train": n, "sft": n}, in that order) to
+    out_dir/<split>.jsonl from `generate(n, split_seed, exclude, slips) -> (rows, keys)`, each
+    split excluding the keys of those before it; only "sft" keeps solutions (with slips).
+    Returns {split: rows}."""
     os.makedirs(out_dir, exist_ok=True)
     splits, used = {}, set()
-    for i, (name, n) in enumerate([("test", n_test), ("train", n_train), ("sft", n_sft)]):
-        rows, keys = generate_rows(n, seed * 1000 + i, ops=ops, digits=digits, exclude=used,
-                                   slip_prob=slip_prob if name == "sft" else 0.0)
+    for i, (name, n) in enumerate(sizes.items()):
+        rows, keys = generate(n, seed * 1000 + i, used, name == "sft")
         used |= keys
         if name != "sft":  # the RL and eval splits carry no worked solution
             rows = [{"problem": r["problem"], "answer": r["answer"]} for r in rows]
@@ -231,6 +246,151 @@ def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, o
             f.writelines(json.dumps(r) + "\n" for r in rows)
         splits[name] = rows
     return splits
+
+
+# ----------------------------------------------------------------------------------------------
+# The chain task (the loss study's): a op1 b op2 c, worked in an order of the solver's choice
+#
+# "Ann has 47 coins, finds 38 more and gives away 25. How many now?" is 47+38-25, which can be
+# worked as (47+38)-25, (38+47)-25, (47-25)+38, 38+(47-25), (38-25)+47 or 47+(38-25): every order
+# whose steps stay at or above zero is right. The pre-training solutions pick one uniformly, so
+# the pre-trained model spreads its probability over the orders, which RL can collapse onto one;
+# and they slip (CHAIN_SLIP_PROB per step), so the model is often wrong when it samples.
+
+CHAIN_STORY = "{n} has {a} {o}, {p} and {q}. How many now?"
+CHAIN_STEPS = {"+": ["finds {x} more", "gets {x} more", "buys {x} more"],
+               "-": ["gives away {x}", "loses {x}", "sells {x}"]}
+CHAIN_OPS = ["++", "+-", "-+", "--"]
+# The share of pre-training steps (two per solution) with one slip of one; calibrated so that the
+# pre-trained model is right ~30% of the time at T=1 (see chain_solution and the module docstring).
+CHAIN_SLIP_PROB = 0.4
+
+
+def chain_orders(a, ops, b, c):
+    """Every order of working a op1 b op2 c (ops = op1 op2, each + or -) in two steps that never
+    go below zero. -> list of "x?y;u?v": first x?y, then u?v, names in "abcr", r the first result.
+
+    The terms are +a, op1 b, op2 c. The first step joins two of them: two added terms, or two
+    subtracted ones (the total taken away), are added, in either order (x+y and y+x count as two
+    solutions); an added term p and a subtracted one n give p-n when p >= n. The second step joins
+    r with the third term the same way: r+z or z+r, r-z, or z-r when r is a total taken away.
+    47+38-25 -> ["a+b;r-c", "b+a;r-c", "a-c;r+b", "a-c;b+r", "b-c;r+a", "b-c;a+r"].
+    The problem must stay at or above zero read left to right: a op1 b >= 0 and the answer >= 0.
+    """
+    if ops not in CHAIN_OPS or not all(isinstance(x, int) and x >= 0 for x in (a, b, c)):
+        raise ValueError(f"need ops in {CHAIN_OPS} and non-negative ints, got {a!r} {ops!r} {b!r} {c!r}")
+    val, sign = {"a": a, "b": b, "c": c}, {"a": 1, "b": 1 if ops[0] == "+" else -1,
+                                           "c": 1 if ops[1] == "+" else -1}
+    if a + sign["b"] * b < 0 or a + sign["b"] * b + sign["c"] * c < 0:
+        raise ValueError(f"{a}{ops[0]}{b}{ops[1]}{c} goes below zero")
+    orders = []
+    for x, y, z in (("a", "b", "c"), ("a", "c", "b"), ("b", "c", "a")):  # x, y first; then z
+        if sign[x] == sign[y]:  # r = x + y, with their sign
+            firsts, r_sign = [f"{x}+{y}", f"{y}+{x}"], sign[x]
+        else:  # r = p - n, added
+            p, n = (x, y) if sign[x] > 0 else (y, x)
+            firsts, r_sign = ([f"{p}-{n}"] if val[p] >= val[n] else []), 1
+        if r_sign > 0 and sign[z] > 0:
+            seconds = [f"r+{z}", f"{z}+r"]
+        else:  # one of the two is taken away (not both: a is added); the answer >= 0 keeps it >= 0
+            seconds = [f"r-{z}"] if r_sign > 0 else [f"{z}-r"]
+        orders += [f"{f};{s}" for f in firsts for s in seconds]
+    return orders
+
+
+def chain_solution(a, ops, b, c, order, slips=(None, None)):
+    """The worked solution of a op1 b op2 c in `order` (one of chain_orders'): the first step in
+    columns (worked_solution's lines), a line "=r" with its result, the second step in columns,
+    the answer boxed.
+
+    47+38-25 in "a-c;b+r" -> "47-25\\n17-5-0=12\\n14-2-0=12\\n=22\\n38+22\\n8+2+0=10\\n3+2+1=06\\n\\boxed{60}".
+    `slips`: per step, None or worked_solution's slip (column, +1 or -1). The second step works
+    on the result the first one's lines give, so a slip carries through to the box; it is an
+    error when that takes the second step below zero.
+    """
+    if order not in chain_orders(a, ops, b, c):
+        raise ValueError(f"{order!r} is not an order of {a}{ops[0]}{b}{ops[1]}{c}")
+    val, lines = {"a": a, "b": b, "c": c}, []
+    for step, slip in zip(order.split(";"), slips):
+        step_lines, val["r"] = column_arithmetic(val[step[0]], step[1], val[step[2]], slip)
+        lines += step_lines + [f"={val['r']}"]
+    lines[-1] = f"\\boxed{{{val['r']}}}"
+    return "\n".join(lines)
+
+
+def chain_key(a, ops, b, c):
+    """The arithmetic a problem asks, whatever its story and order of terms: (added, taken away)."""
+    terms = [(1, a), (1 if ops[0] == "+" else -1, b), (1 if ops[1] == "+" else -1, c)]
+    return (tuple(sorted(x for s, x in terms if s > 0)), tuple(sorted(x for s, x in terms if s < 0)))
+
+
+def draw_chain_solution(a, ops, b, c, rng, slip_prob):
+    """A pre-training solution: the order uniform among chain_orders', a slip in each step with
+    probability `slip_prob` (column and sign uniform; a slip that would take the second step
+    below zero is left out). -> (solution, order, slips)"""
+    order = rng.choice(chain_orders(a, ops, b, c))
+    (x, o1, y), (u, o2, v) = order.split(";")
+    val = {"a": a, "b": b, "c": c}
+
+    def draw(p, q):
+        if rng.random() >= slip_prob:
+            return None
+        return rng.randrange(max(len(str(p)), len(str(q)))), rng.choice((-1, 1))
+    slip1 = draw(val[x], val[y])
+    val["r"] = column_arithmetic(val[x], o1, val[y], slip1)[1]
+    if o2 == "-" and val[u] < val[v]:  # the slip took the second step below zero: leave it out
+        slip1, val["r"] = None, column_arithmetic(val[x], o1, val[y])[1]
+    slips = (slip1, draw(val[u], val[v]))
+    return chain_solution(a, ops, b, c, order, slips), order, slips
+
+
+def generate_chain_rows(n, seed, *, digits=(2,), exclude=(), slip_prob=0.0):
+    """`n` distinct chain problems from `seed`, none of whose chain_key is in `exclude`;
+    -> (rows {"problem", "answer", "solution"}, their keys). Each number has one of `digits`
+    digits; op1 op2 uniform over CHAIN_OPS; the numbers are redrawn until the problem stays at or
+    above zero. Orders and slips come from a stream of their own, so the problems drawn do not
+    depend on `slip_prob`."""
+    if not digits or min(digits) < 1:
+        raise ValueError(f"digits must be >= 1, got {digits!r}")
+    if not 0.0 <= slip_prob <= 1.0:
+        raise ValueError(f"slip_prob must be in [0, 1], got {slip_prob!r}")
+    rng, sol_rng = random.Random(f"chain-{seed}"), random.Random(f"chain-solutions-{seed}")
+
+    def num():
+        d = rng.choice(digits)
+        return rng.randint(10 ** (d - 1), 10 ** d - 1)
+    seen, rows = set(exclude), []
+    for _ in range(100 * n):
+        if len(rows) == n:
+            break
+        ops = rng.choice(CHAIN_OPS)
+        while True:
+            a, b, c = num(), num(), num()
+            s1, s2 = (1 if o == "+" else -1 for o in ops)
+            if a + s1 * b >= 0 and a + s1 * b + s2 * c >= 0:
+                break
+        key = chain_key(a, ops, b, c)
+        if key in seen:
+            continue
+        seen.add(key)
+        story = CHAIN_STORY.format(n=rng.choice(NAMES), o=rng.choice(THINGS), a=a,
+                                   p=rng.choice(CHAIN_STEPS[ops[0]]).format(x=b),
+                                   q=rng.choice(CHAIN_STEPS[ops[1]]).format(x=c))
+        solution = draw_chain_solution(a, ops, b, c, sol_rng, slip_prob)[0]
+        rows.append({"problem": story, "answer": str(a + s1 * b + s2 * c), "solution": solution})
+    if len(rows) < n:
+        raise ValueError(f"could not draw {n} distinct chain problems with digits={digits}")
+    return rows, seen - set(exclude)
+
+
+def write_chain_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, digits=(2,),
+                     slip_prob=CHAIN_SLIP_PROB):
+    """write_demo_data for the chain task: train.jsonl, test.jsonl and sft.jsonl (with solutions),
+    sharing no chain_key. Returns {split: rows}."""
+    return write_splits(out_dir, seed, {"test": n_test, "train": n_train, "sft": n_sft},
+                        lambda n, split_seed, exclude, slips: generate_chain_rows(
+                            n, split_seed, digits=digits, exclude=exclude,
+                            slip_prob=slip_prob if slips else 0.0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -380,9 +540,15 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--decay-frac", type=float, default=0.25, help="final linear lr decay share")
-    p.add_argument("--ops", default="+-")
-    p.add_argument("--slip-prob", type=float, default=SLIP_PROB,
-                   help="share of pre-training solutions with one slip of one")
+    p.add_argument("--task", choices=["demo", "chain"], default="demo",
+                   help="demo: a op b (the README's demo); chain: a op b op c in a free order "
+                        "(the loss study's, bench/study.py)")
+    p.add_argument("--ops", default="+-", help="demo task: the operations")
+    p.add_argument("--digits", default=None,
+                   help="digits of the numbers, e.g. 2,3 (default: 2,3 demo; 2 chain)")
+    p.add_argument("--slip-prob", type=float, default=None,
+                   help=f"share of pre-training solutions (demo, default {SLIP_PROB}) or solution "
+                        f"steps (chain, default {CHAIN_SLIP_PROB}) with one slip of one")
     p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
     e = sub.add_parser("eval", help="held-out accuracy of a model directory")
     e.add_argument("model_dir")
@@ -395,7 +561,13 @@ def main():
     if args.cmd == "prepare":
         t0 = time.time()
         data_dir, model_dir = os.path.join(args.out, "data"), os.path.join(args.out, "model")
-        write_demo_data(data_dir, seed=args.seed, ops=args.ops, slip_prob=args.slip_prob)
+        chain = args.task == "chain"
+        digits = tuple(int(d) for d in (args.digits or ("2" if chain else "2,3")).split(","))
+        slip_prob = args.slip_prob if args.slip_prob is not None else CHAIN_SLIP_PROB if chain else SLIP_PROB
+        if chain:
+            write_chain_data(data_dir, seed=args.seed, digits=digits, slip_prob=slip_prob)
+        else:
+            write_demo_data(data_dir, seed=args.seed, ops=args.ops, digits=digits, slip_prob=slip_prob)
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
         sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
         pretrain(model_dir, sft_rows, steps=args.steps, batch_size=args.batch_size, lr=args.lr,

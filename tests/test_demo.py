@@ -1,6 +1,5 @@
 """The demo task and its supervised pre-training (demo.py)."""
 import json
-import os
 import re
 
 import pytest
@@ -279,3 +278,161 @@ def test_batched_generate_matches_one_by_one(tmp_path):
     single = [demo.generate(model, tok, [p], temperature=0, max_new_tokens=12)[0] for p in prompts]
     assert batched == single and all(len(x) > 0 for x in batched)
     assert tok.padding_side == "right"  # restored
+
+
+# ---------------------------------------------------------------------------------------------
+# The chain task (a op1 b op2 c in a free order): the loss study's
+
+def _check_chain_solution(problem, answer, solution):
+    """Check a chain solution independently of demo.chain_solution's own code: two column
+    computations (each checked by _check_worked_solution: right, or one slip carried through),
+    the first one's result written as "=r" and used by the second, the numbers used being the
+    problem's three and r, and no step below zero. Returns (step 1's slipped column or None,
+    step 2's, the boxed value)."""
+    lines = solution.split("\n")
+    mid = next(i for i, ln in enumerate(lines) if ln.startswith("="))
+    r = int(lines[mid][1:])
+    first = "\n".join(lines[:mid] + [f"\\boxed{{{r}}}"])
+    second = "\n".join(lines[mid + 1:])
+    (x, op1, y), (u, op2, v) = (re.fullmatch(r"(\d+)([-+])(\d+)", s).groups()
+                                for s in (lines[0], lines[mid + 1]))
+    # each step's own arithmetic; a step's "answer" passed is the true result of its header
+    slip1 = _check_worked_solution(f"{x} {y}", str(eval(lines[0])), first)
+    slip2 = _check_worked_solution(f"{u} {v}", str(eval(lines[mid + 1])), second)
+    numbers = sorted(_numbers(problem)[:3])
+    assert sorted([int(x), int(y), int(u), int(v)]) == sorted(numbers + [r])  # r used once
+    assert r in (int(u), int(v)) and int(x) <= 99 and int(y) <= 99  # step 1: two of the problem's
+    boxed = int(re.fullmatch(r"\\boxed\{(\d+)\}", lines[-1])[1])
+    if slip1 is None and slip2 is None:
+        assert boxed == int(answer)
+    return slip1, slip2, boxed
+
+
+def _signed_terms(problem):
+    """The problem's three numbers with their signs, read from its words."""
+    a, b, c = _numbers(problem)[:3]
+    steps = re.search(r", (.+?) and (.+?)\. How many", problem).groups()
+    return a, "".join("-" if re.match(r"gives away|loses|sells", s) else "+" for s in steps), b, c
+
+
+def test_chain_orders_by_hand():
+    assert demo.chain_orders(47, "+-", 38, 25) == \
+        ["a+b;r-c", "b+a;r-c", "a-c;r+b", "a-c;b+r", "b-c;r+a", "b-c;a+r"]
+    assert demo.chain_orders(47, "+-", 20, 25) == ["a+b;r-c", "b+a;r-c", "a-c;r+b", "a-c;b+r"]  # 20 < 25
+    assert demo.chain_orders(90, "--", 38, 25) == ["a-b;r-c", "a-c;r-b", "b+c;a-r", "c+b;a-r"]
+    assert len(demo.chain_orders(20, "++", 38, 25)) == 12
+    assert demo.chain_orders(40, "-+", 38, 25) == ["a-b;r+c", "a-b;c+r", "a+c;r-b", "c+a;r-b"]
+    assert demo.chain_solution(47, "+-", 38, 25, "a-c;b+r") == \
+        "47-25\n17-5-0=12\n14-2-0=12\n=22\n38+22\n8+2+0=10\n3+2+1=06\n\\boxed{60}"
+    assert demo.chain_solution(47, "+-", 38, 25, "a+b;r-c") == \
+        "47+38\n7+8+0=15\n4+3+1=08\n=85\n85-25\n15-5-0=10\n18-2-0=16\n\\boxed{60}"
+    # a slip in the first step is carried: 85 written 86, so the second step works on 86
+    assert demo.chain_solution(47, "+-", 38, 25, "a+b;r-c", slips=((0, 1), None)) == \
+        "47+38\n7+8+0=16\n4+3+1=08\n=86\n86-25\n16-5-0=11\n18-2-0=16\n\\boxed{61}"
+    for bad in [(47, "-+", 50, 1), (10, "--", 5, 6), (1, "*+", 2, 3), (1, "+", 2, 3), (-1, "++", 2, 3)]:
+        with pytest.raises(ValueError):
+            demo.chain_orders(*bad)
+    with pytest.raises(ValueError, match="order"):
+        demo.chain_solution(47, "+-", 20, 25, "b-c;r+a")  # 20-25 goes below zero
+
+
+def test_every_chain_order_is_valid_and_reaches_the_answer():
+    import itertools
+    import random
+    rng = random.Random(11)
+    seen_counts = set()
+    for _ in range(1500):
+        ops = rng.choice(demo.CHAIN_OPS)
+        a, b, c = (rng.randint(1, 99) for _ in range(3))
+        sign = {"+": 1, "-": -1}
+        if a + sign[ops[0]] * b < 0 or a + sign[ops[0]] * b + sign[ops[1]] * c < 0:
+            continue
+        answer = a + sign[ops[0]] * b + sign[ops[1]] * c
+        orders = demo.chain_orders(a, ops, b, c)
+        seen_counts.add(len(orders))
+        assert len(set(orders)) == len(orders) and "a" + ops[0] + "b" in orders[0]  # left to right first
+        # independently: every two-step tree over the three names whose values stay >= 0 and give
+        # the answer, with a - only from a larger number and each name used once
+        val = {"a": a, "b": b, "c": c}
+        brute = set()
+        for x, y in itertools.permutations("abc", 2):
+            z = next(n for n in "abc" if n not in (x, y))
+            for o1, o2 in itertools.product("+-", repeat=2):
+                r = eval(f"{val[x]}{o1}{val[y]}")
+                for first, second in ((f"r{o2}{z}", r), (f"{z}{o2}r", None)):
+                    u, v = (r, val[z]) if second is not None else (val[z], r)
+                    res = eval(f"{u}{o2}{v}")
+                    if r < 0 or res < 0:
+                        continue
+                    # the signs must be the problem's: the value of the tree as a signed sum
+                    coef = {"a": 0, "b": 0, "c": 0}
+                    s_r = 1 if second is not None or o2 == "+" else -1
+                    coef[x] += s_r
+                    coef[y] += s_r * (1 if o1 == "+" else -1)
+                    coef[z] += 1 if (second is None or o2 == "+") else -1
+                    if (coef["a"], coef["b"], coef["c"]) == (1, sign[ops[0]], sign[ops[1]]):
+                        brute.add(f"{x}{o1}{y};{first}")
+        for order in orders:  # each listed order is one of the valid trees and reaches the answer
+            assert order in brute, (a, ops, b, c, order)
+            sol = demo.chain_solution(a, ops, b, c, order)
+            assert _check_chain_solution(f"{a} {b} {c}", str(answer), sol) == (None, None, answer)
+        # the trees left out are exactly those through a negative partial: a taken-away number
+        # minus an added one first, then taken from the third (47+38-25 as 38-(25-47) is not,
+        # but 47-(25-38) would be when 25 >= 38)
+        names_sign = {"a": "+", "b": ops[0], "c": ops[1]}
+        for tree in brute - set(orders):
+            z = next(n for n in "abc" if n not in (tree[0], tree[2]))
+            assert tree[1] == "-" and names_sign[tree[0]] == "-" and tree[4:] == f"{z}-r", tree
+    assert {2, 4, 6, 12} <= seen_counts
+
+
+def test_chain_rows_are_right_seeded_and_slip_consistently(tmp_path):
+    n = 1500
+    clean, _ = demo.generate_chain_rows(n, 4)
+    slipped, _ = demo.generate_chain_rows(n, 4, slip_prob=0.5)
+    assert [r["problem"] for r in clean] == [r["problem"] for r in slipped]  # problems don't depend on it
+    steps_slipped, orders = 0, {}
+    for row, srow in zip(clean, slipped):
+        a, ops, b, c = _signed_terms(row["problem"])
+        assert int(row["answer"]) == eval(f"{a}{ops[0]}{b}{ops[1]}{c}") >= 0
+        assert _check_chain_solution(row["problem"], row["answer"], row["solution"])[2] == int(row["answer"])
+        s1, s2, boxed = _check_chain_solution(srow["problem"], srow["answer"], srow["solution"])
+        steps_slipped += (s1 is not None) + (s2 is not None)
+        if (s1 is None) != (s2 is None):  # one slip always shows in the box (two may cancel)
+            assert boxed != int(srow["answer"]) and not reward.grade(srow["solution"], srow["answer"])[1]
+        elif s1 is None:
+            assert boxed == int(srow["answer"]) and reward.grade(srow["solution"], srow["answer"])[1]
+        head = srow["solution"].split("\n")[0]
+        orders.setdefault(len(demo.chain_orders(a, ops, b, c)), set()).add(head)
+    rate = steps_slipped / (2 * n)
+    assert abs(rate - 0.5) < 0.05, rate  # ~ slip_prob per step (a few dropped: below zero)
+    assert all(len(heads) > 1 for heads in orders.values())  # orders vary
+    # the order is uniform over the valid ones: 47+38-25 has 6
+    import random
+    rng, n_draws = random.Random(0), 6000
+    drawn = [demo.draw_chain_solution(47, "+-", 38, 25, rng, 0.0)[1] for _ in range(n_draws)]
+    for order in demo.chain_orders(47, "+-", 38, 25):
+        assert abs(drawn.count(order) / n_draws - 1 / 6) < 4 * (5 / 36 / n_draws) ** 0.5, order
+    for d, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        demo.write_chain_data(str(tmp_path / d), seed=seed, n_train=60, n_test=30, n_sft=60)
+    read = lambda d, s: (tmp_path / d / f"{s}.jsonl").read_text()
+    for split in ("train", "test", "sft"):
+        assert read("a", split) == read("b", split) and read("a", split) != read("c", split)
+    with pytest.raises(ValueError, match="slip_prob"):
+        demo.generate_chain_rows(5, 0, slip_prob=-0.1)
+
+
+def test_chain_splits_do_not_overlap_and_rl_rows_carry_no_solution(tmp_path):
+    splits = demo.write_chain_data(str(tmp_path), seed=2, n_train=400, n_test=200, n_sft=800)
+    keys = {}
+    for name, rows in splits.items():
+        keys[name] = {demo.chain_key(*_signed_terms(r["problem"])) for r in rows}
+        assert len(keys[name]) == len(rows)  # distinct inside a split, as arithmetic
+        file_rows = load_problems(str(tmp_path / f"{name}.jsonl"))
+        assert all(("solution" in r) == (name == "sft") for r in file_rows)
+    assert not keys["test"] & keys["train"] and not keys["test"] & keys["sft"]
+    assert not keys["train"] & keys["sft"]
+    # "47+38-25" and "38+47-25" are one key: a swapped copy is no new problem
+    assert demo.chain_key(47, "+-", 38, 25) == demo.chain_key(38, "+-", 47, 25) == \
+        demo.chain_key(47, "-+", 25, 38) == ((38, 47), (25,))
+    assert demo.chain_key(47, "--", 25, 8) != demo.chain_key(47, "-+", 25, 8)
