@@ -33,7 +33,13 @@ the policy is sharpening on rewarded tokens:
     loss  += beta_mask * sum M * k3(target_logp, logp) / sum m      (target = pi_old, or pi_ref)
 The parts the paper leaves open (clip range, beta_mask = 0.1, target pi_old) are our choices and
 live in LossConfig.
+
+Off by default, for every method: a correction of the sampler/trainer mismatch (the sampler's
+kernels and dtype score tokens a little differently from the trainer): each token's surrogate
+times a constant importance weight w = pi_old / pi_rollout, per token or per sequence, capped at
+C (truncated IS) or dropped outside [1/C, C] (masked IS). See `is_weights`.
 """
+import math
 from dataclasses import dataclass, fields
 
 import torch
@@ -164,6 +170,26 @@ def kl_estimate(logp, target_logp, kind="k3"):
     raise ValueError(f"unknown KL estimator {kind!r}; choose one of {KL_KINDS}")
 
 
+def is_weights(old_logp, rollout_logp, mask, mode, level, cap):
+    """(B, T) constant weights that correct for sampling from pi_rollout (vLLM, bf16 kernels)
+    while the loss assumes pi_old (the trainer's log-probs of the same weights). All (B, T).
+
+    w = pi_old / pi_rollout of each token (level "token"), or of the whole response, the product
+    over its tokens, carried to each of them (level "sequence": the exact weight of a sequence,
+    with a variance that grows with its length). mode "tis" (truncated IS): min(w, C), the bias of
+    the cap traded for bounded variance. mode "mask" (masked IS): w where 1/C <= w <= C, else 0:
+    the token (or the whole response) is dropped from the loss, its tokens still counted in the
+    normaliser, as a weight of 0. Computed in log space, so a long response cannot overflow.
+    """
+    log_w = (old_logp - rollout_logp) * mask
+    if level == "sequence":
+        log_w = log_w.sum(1, keepdim=True).expand_as(log_w)
+    log_c = math.log(cap)
+    if mode == "tis":
+        return torch.exp(log_w.clamp(max=log_c))
+    return torch.where(log_w.abs() <= log_c, torch.exp(log_w.clamp(-log_c, log_c)), 0.0)
+
+
 # ----------------------------------------------------------------------------- losses
 
 @dataclass
@@ -181,8 +207,10 @@ class LossConfig:
     kl_mask: bool = False                # TEPO's token-level KL mask
     kl_mask_coef: float = 0.1            # beta_mask (ours)
     kl_mask_target: str = "old"          # "old" (ours) or "ref"
-    tis: bool = False                    # truncated importance sampling of rollout/trainer mismatch
-    tis_cap: float = 2.0                 # C
+    # Rollout/trainer mismatch correction (off-policy by the sampler's kernels): is_weights().
+    is_correction: str = "none"          # none | tis (truncated IS) | mask (masked IS)
+    is_level: str = "token"              # token: pi_old/pi_rollout per token; sequence: the product
+    is_cap: float = 2.0                  # C: tis caps the weight at C; mask drops it outside [1/C, C]
 
     # Not a field (no annotation): the spec's table of method defaults.
     PRESETS = {
@@ -206,12 +234,15 @@ class LossConfig:
 
     def __post_init__(self):
         choices = {"method": METHODS, "ratio": ("token", "sequence"), "aggregation": AGGREGATIONS,
-                   "kl_kind": KL_KINDS, "kl_mask_target": ("old", "ref")}
+                   "kl_kind": KL_KINDS, "kl_mask_target": ("old", "ref"),
+                   "is_correction": ("none", "tis", "mask"), "is_level": ("token", "sequence")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
         if self.aggregation == "seq-mean-token-sum-norm" and self.max_new_tokens <= 0:
             raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_new_tokens > 0")
+        if not self.is_cap > 1:
+            raise ValueError(f"is_cap must be > 1 (the weights kept lie in [1/C, C]), got {self.is_cap}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 <= 1 + clip_high, got "
                              f"{self.clip_low}, {self.clip_high}")
@@ -255,7 +286,7 @@ def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, o
     if not (num_tokens > 0 and num_seqs > 0):
         raise ValueError(f"num_tokens and num_seqs must be > 0, got {num_tokens}, {num_seqs}")
     need = {"entropy": cfg.kl_mask, "old_entropy": cfg.kl_mask, "ref_logp": cfg.needs_ref,
-            "rollout_logp": cfg.tis}
+            "rollout_logp": cfg.is_correction != "none"}
     for name, needed in need.items():
         if needed and optional[name] is None:
             raise ValueError(f"{cfg.method}: this LossConfig needs `{name}`")
@@ -290,8 +321,9 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         ratio = torch.exp(log_s.detach() + logp - logp.detach())
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     per_token = -torch.min(ratio * A, clipped * A)
-    if cfg.tis:  # rollout/trainer mismatch correction, a constant weight per token
-        per_token = per_token * torch.exp(old_logp - rollout_logp).clamp(max=cfg.tis_cap)
+    if cfg.is_correction != "none":  # rollout/trainer mismatch correction, a constant weight
+        is_w = is_weights(old_logp, rollout_logp, mask, cfg.is_correction, cfg.is_level, cfg.is_cap)
+        per_token = per_token * is_w
     pg_loss = aggregate(per_token, mask, cfg.aggregation, **agg)
     loss = pg_loss
 
@@ -336,9 +368,10 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
             metrics["entropy"] = token_sum(entropy)
         if rollout_logp is not None:
             metrics["mismatch"] = token_sum((rollout_logp - old_logp).abs())
-            if cfg.tis:
-                metrics["tis_weight"] = token_sum(torch.exp(old_logp - rollout_logp)
-                                                  .clamp(max=cfg.tis_cap))
+            if cfg.is_correction != "none":
+                metrics["mismatch/is_weight"] = token_sum(is_w)
+                if cfg.is_correction == "mask":
+                    metrics["mismatch/masked_frac"] = token_sum((is_w == 0).double())
     return loss, metrics
 
 

@@ -33,6 +33,7 @@ import rollout
 import tepo
 from config import Config, UserError, config_dict, load_config  # noqa: F401  (train.Config too)
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
+from eval import pass_at_k
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, full_weights,
                     list_checkpoints, load_policy, load_training_state, run_main, save_checkpoint,
                     set_rng_states, setup_distributed)
@@ -96,7 +97,7 @@ def main(argv=None):
     cfg, state = run.cfg, run.state
     if run.eval_rows and state.step == 0:
         dropped = {"eval_dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
-        log(run, {"step": 0, "eval_accuracy": evaluate(run, 0), **dropped})
+        log(run, {"step": 0, **evaluate(run, 0), **dropped})
     bar = tqdm(range(state.step, cfg.steps), disable=run.rank != 0, desc="RL", initial=state.step,
                total=cfg.steps)
     for step in bar:
@@ -266,6 +267,8 @@ def update_policy(run, minibatches, step):
     for group in optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
     sums, stats, updated = {}, [], False
+    n_trained = int(sum(n["trained_tokens"] for n in counts))  # over all mini-batches and ranks
+    top = torch.zeros(0, device=run.device)  # this rank's largest |log r| so far: the 99.9% tail
     for k, (mb_seqs, n) in enumerate(zip(minibatches, counts)):
         if n["trained_tokens"] == 0:
             continue  # no sequence of this mini-batch carries a gradient: no optimizer step
@@ -284,6 +287,8 @@ def update_policy(run, minibatches, step):
             loss.backward()
             loss_sum += loss.item()
             add_metrics(sums, m)
+            top = keep_largest(top, (logp.detach() - batch["old_logp"]).abs()[batch["mask"] > 0],
+                               tail_size(n_trained, 0.999))
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         loss_finite = all_ranks({"finite": math.isfinite(loss_sum)}, "min")["finite"]
@@ -296,6 +301,8 @@ def update_policy(run, minibatches, step):
             run.state.bad_in_a_row += 1
         stats.append((loss_sum, grad_norm, taken))
     optimizer.zero_grad(set_to_none=True)
+    if n_trained:  # the same on every rank: METRIC_REDUCE's "max" leaves them as they are
+        sums["actor/log_ratio_max"], sums["actor/log_ratio_p999"] = global_tail(top, n_trained, 0.999)
     return sums, stats, updated
 
 
@@ -316,7 +323,7 @@ def sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, upd
                           stats, t, time.perf_counter() - t_step)
     record["reward/errors"], record["reward/timeouts"] = failed["errors"], failed["timeouts"]
     if run.eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
-        record["eval_accuracy"] = evaluate(run, step + 1)
+        record.update(evaluate(run, step + 1))
     log(run, record)
     skipped = not all(taken for _, _, taken in stats)  # a skipped update: its batch goes on record
     if run.rank == 0 and ((cfg.log_samples_every and step % cfg.log_samples_every == 0) or skipped):
@@ -398,7 +405,34 @@ def keep_as_old(mb, batch, logp, entropy):
 
 # How each update metric combines over micro-batches and ranks; every other one adds up (they are
 # normalised by global counts), then is averaged over the step's optimizer steps.
-METRIC_REDUCE = {"ratio_min": "min", "ratio_max": "max"}
+METRIC_REDUCE = {"ratio_min": "min", "ratio_max": "max", "actor/log_ratio_max": "max",
+                 "actor/log_ratio_p999": "max"}
+
+
+# The tail of the per-token |log pi/pi_old| over a step's trained tokens (every mini-batch's
+# forward): its max and 99.9th percentile show an abrupt update that a mean hides. Exact without
+# gathering every token: the q-quantile lies among the tail_size largest values overall, and these
+# are among the union of every rank's tail_size largest.
+
+def tail_size(n, q):
+    """How many of the largest of n values reach down to their q-quantile (nearest rank: the
+    ceil(q n)-th smallest, numpy's method="inverted_cdf")."""
+    return n - math.ceil(round(q * n, 9)) + 1
+
+
+def keep_largest(top, values, k):
+    """The k largest of `top` and `values` (1-D tensors)."""
+    both = torch.cat([top, values.float()])
+    return torch.topk(both, min(k, len(both))).values
+
+
+def global_tail(top, n, q):
+    """(max, q-quantile) of n values spread over the ranks, from each rank's tail_size(n, q)
+    largest (`top`). A collective."""
+    tops = [None] * dist.get_world_size()
+    dist.all_gather_object(tops, top.tolist())
+    union = sorted((v for t in tops for v in t), reverse=True)
+    return union[0], union[tail_size(n, q) - 1]
 
 
 def add_metrics(sums, metrics):
@@ -468,18 +502,27 @@ def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
                      "groups": len(groups), "drawn": len(drawn)})
     longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
     # The batch at theta_old, over every response token (or the trained ones: full_batch_metrics):
-    # entropy, Cov(logp, A), mismatch; null when there are none.
+    # entropy, Cov(logp, A), and the sampler/trainer mismatch: mean |log pi_rollout - log pi_old|,
+    # KL(pi_rollout || pi_old) by k3 (the tokens are the sampler's), the largest per-token
+    # pi_old / pi_rollout (what an importance weight would be); null when there are none.
     seqs = [s for s in seqs if s.old_logp is not None]
-    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "n"], 0.0)
+    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "mismatch_kl", "n"], 0.0)
+    log_w_max = -math.inf
     if seqs:
         cat = lambda key: torch.cat([getattr(s, key).detach().cpu().double() for s in seqs])  # noqa: E731
         lp, adv = cat("old_logp"), torch.cat([torch.full((len(s.resp),), s.adv) for s in seqs])
+        rollout_lp = cat("rollout_logp")
         local = {"entropy": cat("old_entropy").sum(), "logp_adv": (lp * adv).sum(), "logp": lp.sum(),
-                 "adv": adv.sum(), "mismatch": (cat("rollout_logp") - lp).abs().sum(), "n": len(lp)}
+                 "adv": adv.sum(), "mismatch": (rollout_lp - lp).abs().sum(),
+                 "mismatch_kl": tepo.kl_estimate(rollout_lp, lp, "k3").sum(), "n": len(lp)}
+        log_w_max = (lp - rollout_lp).max().item()
     tok = all_ranks(local)
+    log_w_max = all_ranks({"w": log_w_max}, "max")["w"]
     n_tok = tok["n"] or math.nan
     batch = {k: (None if math.isnan(v) else v) for k, v in {
         "entropy": tok["entropy"] / n_tok, "mismatch": tok["mismatch"] / n_tok,
+        "mismatch/kl": tok["mismatch_kl"] / n_tok,
+        "mismatch/ratio_max": math.exp(min(log_w_max, 700)) if tok["n"] else math.nan,
         "cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)}.items()}
     # Update metrics (over the trained tokens), combined over ranks by METRIC_REDUCE's rule, then
     # averaged over optimizer steps. A rank that trained on nothing has no keys: gather them.
@@ -513,15 +556,21 @@ def log(run, record):
 
 
 def evaluate(run, step):
-    """Held-out accuracy: mean correctness of eval_n samples per problem, over all ranks."""
+    """Held-out accuracy over all ranks: {"eval_accuracy": mean correctness of the eval_n samples
+    per problem (= pass@1), "eval/pass@k": unbiased pass@k (eval.pass_at_k) averaged over problems,
+    for k = 1, 2, 4, ... <= eval_n}. pass@k falling while pass@1 rises is a policy collapsing onto
+    fewer answers."""
     cfg, mine = run.cfg, run.eval_rows[run.rank::run.world]
     outs = run.engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
                                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
-    correct = sum(run.grader(s.text, r["answer"]) >= 1.0
-                  for r, group in zip(mine, outs) for s in group)
-    total = all_ranks({"correct": correct, "samples": len(mine) * cfg.eval_n})
-    return total["correct"] / max(total["samples"], 1)
+    right = [sum(run.grader(s.text, r["answer"]) >= 1.0 for s in group) for r, group in zip(mine, outs)]
+    ks = [2 ** i for i in range(cfg.eval_n.bit_length()) if 2 ** i <= cfg.eval_n]
+    local = {f"pass@{k}": sum(pass_at_k(cfg.eval_n, c, k) for c in right) for k in ks}
+    total = all_ranks({"correct": sum(right), "problems": len(mine), **local})
+    n = max(total["problems"], 1)
+    return {"eval_accuracy": total["correct"] / (n * cfg.eval_n),
+            **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
 
 
 # ----------------------------------------------------------------------------- schedules, seeds, rewards

@@ -141,8 +141,17 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt):
           f"{'' if kv >= worst * kv_tok else ' (fewer sequences decode at once / preemption: slower)'}")
     rollout_mem = 4 * N / W + 8 * N / W + budget + CTX
     fits = lambda b: "fits" if b <= mem else "DOES NOT FIT"  # noqa: E731
+    engine_ok = kv > 0  # vLLM refuses to start when its share cannot hold the weights and some KV
+    if not engine_ok:
+        least = (2 * N + VLLM_OVERHEAD + need * kv_tok) / mem
+        print(f"  ENGINE DOES NOT FIT: {cfg.gpu_memory_utilization} x {mem / GiB:.1f} GiB cannot hold "
+              f"the bf16 weights and overhead; gpu_memory_utilization >= ~{least:.2f} would"
+              f"{' (more than the whole GPU: shard the engine, tensor_parallel, or a larger GPU)' if least >= 1 else ''}, with "
+              f"the step's KV at mean lengths (then the rollout needs "
+              f"{(4 * N / W + 8 * N / W + least * mem + CTX) / GiB:.1f} GiB)")
     print(f"phase memory per GPU (of {mem / GiB:.1f} GiB):")
-    row("rollout: master + Adam + vLLM + ctx", rollout_mem, fits(rollout_mem))
+    row("rollout: master + Adam + vLLM + ctx", rollout_mem,
+        fits(rollout_mem) if engine_ok else "DOES NOT FIT (engine, above)")
     row("update: states + gathered + act + logits", update, fits(update))
     row("update: optimizer-side peak (reduce-scatter)", update_peak2, fits(update_peak2))
     if update > mem:

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import tepo
 from tepo import (METHODS, LossConfig, aggregate, finish_metrics, group_advantages, kl_estimate,
                   policy_loss, token_logprobs_entropy)
 
@@ -128,14 +129,23 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
         d = max(-20, min(20, tgt - lp))
         return math.exp(d) - d - 1
 
+    def is_weight(i, t):  # pi_old / pi_rollout of the token, or of the whole sequence
+        if cfg.is_level == "token":
+            w = math.exp(old[i][t] - rollout[i][t])
+        else:
+            w = math.exp(sum(mask[i][u] * (old[i][u] - rollout[i][u]) for u in range(T)))
+        if cfg.is_correction == "tis":
+            return min(w, cfg.is_cap)
+        return w if 1 / cfg.is_cap <= w <= cfg.is_cap else 0.0
+
     pg = [[0.0] * T for _ in range(B)]
     for i in range(B):
         for t in range(T):
             rho = math.exp(logp[i][t] - old[i][t]) if cfg.ratio == "token" else s[i]
             clipped = min(max(rho, 1 - cfg.clip_low), 1 + cfg.clip_high)
             pg[i][t] = -min(rho * adv[i], clipped * adv[i])
-            if cfg.tis:
-                pg[i][t] *= min(math.exp(old[i][t] - rollout[i][t]), cfg.tis_cap)
+            if cfg.is_correction != "none":
+                pg[i][t] *= is_weight(i, t)
     loss = agg(pg, mask)
     if cfg.kl_coef > 0:
         loss += cfg.kl_coef * agg([[k3(logp[i][t], ref[i][t]) for t in range(T)]
@@ -176,12 +186,16 @@ def run_loss(d, cfg, logp=None, **kw):
 
 
 CONFIGS = [LossConfig.preset(m, max_new_tokens=9) for m in METHODS] + [
-    LossConfig.preset("tepo", kl_mask_target="ref", tis=True, tis_cap=1.05),
-    LossConfig.preset("grpo", aggregation="token-mean", kl_kind="k3", tis=True),
+    LossConfig.preset("tepo", kl_mask_target="ref", is_correction="tis", is_cap=1.05),
+    LossConfig.preset("grpo", aggregation="token-mean", kl_kind="k3", is_correction="tis"),
+    LossConfig.preset("gspo", is_correction="tis", is_level="sequence", is_cap=1.2),
+    LossConfig.preset("dapo", is_correction="mask", is_cap=1.1),
+    LossConfig.preset("tepo", is_correction="mask", is_level="sequence", is_cap=1.3),
 ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.method}-{c.aggregation}-{c.tis}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.method}-{c.aggregation}-{c.is_correction}"
+                                                       f"-{c.is_level}")
 @pytest.mark.parametrize("spread", [0.0005, 0.3])
 def test_loss_matches_per_token_reference(cfg, spread):
     d = make_batch(seed=3, spread=spread)
@@ -243,7 +257,7 @@ def test_microbatches_sum_to_the_whole_batch(aggregation, ratio):
     d = make_batch(B=8, T=7, seed=11, spread=0.2)
     cfg = LossConfig(method="tepo", ratio=ratio, clip_low=0.1, clip_high=0.15,
                      aggregation=aggregation, max_new_tokens=9, kl_coef=0.05, kl_mask=True,
-                     tis=True)
+                     is_correction="mask", is_level=ratio, is_cap=1.2)
     N, ntok = 8, d["mask"].sum()
     logp = d["logp"].clone().requires_grad_()
     whole, m_whole = run_loss(d, cfg, logp=logp)
@@ -263,7 +277,7 @@ def test_microbatches_sum_to_the_whole_batch(aggregation, ratio):
     assert total == pytest.approx(whole.item(), abs=1e-6)
     assert torch.allclose(logp2.grad, g_whole, atol=1e-6)
     for k in ("clip_frac_low", "clip_frac_high", "kl_mask_frac", "entropy", "mismatch",
-              "loss/policy", "cov/logp_adv"):
+              "loss/policy", "cov/logp_adv", "mismatch/is_weight", "mismatch/masked_frac"):
         assert float(sums[k]) == pytest.approx(float(m_whole[k]), abs=1e-6), k
 
 
@@ -301,7 +315,7 @@ def test_kl_mask_empty_at_theta_old():
 
 def test_metrics_values():
     d = make_batch(seed=19)
-    cfg = LossConfig.preset("dapo", tis=True)
+    cfg = LossConfig.preset("dapo", is_correction="tis")
     _, m = run_loss(d, cfg)
     mask, ntok = d["mask"] > 0, d["mask"].sum()
     r = torch.exp(d["logp"] - d["old"])
@@ -351,3 +365,68 @@ def test_metric_tokens_normalise_the_metrics_not_the_loss():
     assert loss_a.item() == loss_b.item()
     assert m_b["clip_frac_high"].item() == pytest.approx(4 * m_a["clip_frac_high"].item())
     assert m_b["ratio_max"].item() == m_a["ratio_max"].item()
+
+
+# ----------------------------------------------------------------------------- mismatch correction
+
+def test_is_weights_by_hand():
+    """Two responses of 3 and 2 tokens (the last slot of the second is padding), C = 2:
+    log w per token = old - rollout = [ln 3, ln 1.5, -ln 4] and [ln 0.8, 0.5 | pad]."""
+    old = torch.log(torch.tensor([[3.0, 1.5, 0.25], [0.8, 1.0, 7.0]]))
+    rollout = torch.zeros(2, 3)
+    old[1, 1], rollout[1, 1] = 0.0, math.log(2.0)          # w = 1/2 exactly at the lower edge
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    w = lambda mode, level: tepo.is_weights(old, rollout, mask, mode, level, 2.0)  # noqa: E731
+    # token level: tis caps 3 at 2; mask drops 3 and 1/4, keeps 1.5, 0.8 and 1/2 (the edge).
+    assert torch.allclose(w("tis", "token")[:, :2], torch.tensor([[2.0, 1.5], [0.8, 0.5]]))
+    assert w("tis", "token")[0, 2].item() == pytest.approx(0.25)
+    assert torch.allclose(w("mask", "token")[0], torch.tensor([0.0, 1.5, 0.0]))
+    assert torch.allclose(w("mask", "token")[1, :2], torch.tensor([0.8, 0.5]))
+    # sequence level: products 3 * 1.5 / 4 = 1.125 and 0.8 * 0.5 = 0.4 (the padding's 7 left out).
+    seq_tis, seq_mask = w("tis", "sequence"), w("mask", "sequence")
+    assert torch.allclose(seq_tis[0], torch.full((3,), 1.125))
+    assert torch.allclose(seq_tis[1, :2], torch.full((2,), 0.4))
+    assert torch.allclose(seq_mask[0], torch.full((3,), 1.125))
+    assert torch.all(seq_mask[1, :2] == 0)                   # 0.4 < 1/2: the whole response dropped
+    # No overflow for a long response far off: log w = 300 -> tis gives C, mask gives 0.
+    far = tepo.is_weights(torch.full((1, 100), 3.0), torch.zeros(1, 100), torch.ones(1, 100),
+                          "tis", "sequence", 2.0)
+    assert torch.allclose(far, torch.full((1, 100), 2.0))
+    assert torch.all(tepo.is_weights(torch.full((1, 100), 3.0), torch.zeros(1, 100),
+                                     torch.ones(1, 100), "mask", "sequence", 2.0) == 0)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_masked_is_metrics_and_gradient(level):
+    """mismatch/masked_frac is the share of (trained) tokens whose weight is 0, mismatch/is_weight
+    their mean weight; dropped tokens get no gradient, kept ones their weight times DAPO's."""
+    d = make_batch(seed=23, spread=0.05)
+    d["rollout"] = d["old"] + 0.3 * torch.randn(d["old"].shape, generator=torch.Generator().manual_seed(1))
+    cfg = LossConfig.preset("dapo", is_correction="mask", is_level=level, is_cap=1.25)
+    logp = d["logp"].clone().requires_grad_()
+    loss, m = run_loss(d, cfg, logp=logp)
+    loss.backward()
+    mask = d["mask"] > 0
+    log_w = (d["old"] - d["rollout"]) * d["mask"]
+    if level == "sequence":
+        log_w = log_w.sum(1, keepdim=True).expand_as(log_w)
+    kept = log_w.abs() <= math.log(1.25)
+    assert (kept & mask).any() and (~kept & mask).any(), "the batch should have both"
+    ntok = d["mask"].sum()
+    assert m["mismatch/masked_frac"].item() == pytest.approx(((~kept) & mask).sum().item() / ntok.item())
+    assert m["mismatch/is_weight"].item() == pytest.approx(
+        (torch.exp(log_w) * kept)[mask].sum().item() / ntok.item())
+    assert torch.all(logp.grad[~kept & mask] == 0)
+    plain = d["logp"].clone().requires_grad_()
+    run_loss(d, LossConfig.preset("dapo"), logp=plain)[0].backward()
+    assert torch.allclose(logp.grad[kept & mask], (plain.grad * torch.exp(log_w))[kept & mask],
+                          atol=1e-12)
+
+
+def test_is_correction_is_checked():
+    with pytest.raises(ValueError, match="is_correction"):
+        LossConfig.preset("tepo", is_correction="clip")
+    with pytest.raises(ValueError, match="is_level"):
+        LossConfig.preset("tepo", is_level="batch")
+    with pytest.raises(ValueError, match="is_cap"):
+        LossConfig.preset("tepo", is_cap=1.0)

@@ -71,7 +71,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
     run(cfg_b, "--resume", nproc=2, patch=noisy)
 
     ma, mb = metrics(out_a), metrics(out_b)
-    assert ma[0] == {"step": 0, "eval_accuracy": ma[0]["eval_accuracy"], "eval_dropped_long_prompts": 1}
+    assert ma[0] == {"step": 0, "eval_accuracy": ma[0]["eval_accuracy"], "eval_dropped_long_prompts": 1,
+                     "eval/pass@1": ma[0]["eval_accuracy"]}  # eval_n = 1: pass@1 only
     assert [r["step"] for r in ma] == [0, 1, 2, 3, 4] == [r["step"] for r in mb]
     assert all(r["grad_norm"] > 0 for r in ma[1:]), "the toy reward should give every step a gradient"
     for ra, rb in zip(ma, mb):

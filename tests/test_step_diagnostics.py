@@ -1,0 +1,113 @@
+"""The step diagnostics train.py adds for the loss study: the tail of the per-token |log pi/pi_old|
+(max and 99.9th percentile over all ranks' trained tokens, without gathering every token) and
+pass@k of the held-out evaluation, each against a direct computation written here."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def nearest_rank_p999(values):
+    """The 99.9th percentile by nearest rank: the ceil(0.999 n)-th smallest, in exact integers
+    (numpy's method="inverted_cdf" agrees except where 0.999 * n lands just above an integer in
+    floating point, e.g. n = 1000)."""
+    return sorted(values)[-(-999 * len(values) // 1000) - 1]
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 999, 1000, 1001, 4321, 20000])
+def test_the_largest_tail_size_values_hold_the_nearest_rank_quantile(n):
+    values = np.random.default_rng(n).exponential(size=n)
+    k = train.tail_size(n, 0.999)
+    top = train.keep_largest(torch.zeros(0), torch.tensor(values), k)
+    want = nearest_rank_p999(values)
+    assert top[-1].item() == pytest.approx(want, rel=1e-6), (n, k)
+    assert top[0].item() == pytest.approx(values.max(), rel=1e-6)
+
+
+SCRIPT = r'''
+import json, math, sys, torch, torch.distributed as dist
+from types import SimpleNamespace
+sys.path.insert(0, ROOT)
+import rollout, train
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+out = {}
+# The tail: uneven shares of 3001 values (0 on rank 1's first chunk), fed in chunks as the update does.
+g = torch.Generator().manual_seed(0)
+values = torch.randn(3001, generator=g).abs() ** 3
+mine = values[:1900] if rank == 0 else values[1900:]
+n = len(values)
+top = torch.zeros(0)
+for chunk in mine.split(257 if rank == 0 else 400):
+    top = train.keep_largest(top, chunk, train.tail_size(n, 0.999))
+out["tail"] = train.global_tail(top, n, 0.999)
+# pass@k: problem i's n = 8 samples hold correct[i] right answers; rank r takes problems r::2.
+correct = [0, 1, 3, 8, 5]
+class Engine:
+    def generate(self, prompts, n=1, **kw):
+        return [[rollout.Sample([1], [2], "\\boxed{7}" if j < correct[int(p)] else "\\boxed{0}",
+                                [-1.0], "stop") for j in range(n)] for p in prompts]
+rows = [{"prompt": str(i), "answer": "7"} for i in range(len(correct))]
+cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
+run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(),
+                      grader=lambda text, answer: float(text == "\\boxed{" + answer + "}"))
+out["eval"] = train.evaluate(run, 0)
+# The mismatch metrics of step_metrics: rank r holds 2 + r sequences of 3 + r tokens.
+seqs, groups = [], []
+for i in range(2 + rank):
+    old = -torch.rand(3 + rank, generator=g) * 2
+    roll = old + 0.3 * torch.randn(3 + rank, generator=g)
+    seqs.append(train.Sequence(0, [1], list(range(3 + rank)), 0.5, True, roll, old, torch.rand(3 + rank)))
+    sample = rollout.Sample([1], list(range(3 + rank)), "x", roll.tolist(), "stop")
+    groups.append(train.Group({"prompt": "p"}, [sample], [1.0], [True]))
+cfg = train.Config(model="m", train_data="d")
+run = SimpleNamespace(cfg=cfg, world=2, state=train.TrainState())
+rec = train.step_metrics(run, 0, groups, groups, seqs, {}, [], {"rollout": 1.0}, 1.0)
+out["mismatch"] = {k: rec[k] for k in ("mismatch", "mismatch/kl", "mismatch/ratio_max")}
+out["tokens"] = [[s.old_logp.tolist(), s.rollout_logp.tolist()] for s in seqs]
+gathered = [None, None]
+dist.all_gather_object(gathered, out["tokens"])
+out["tokens"] = [t for part in gathered for t in part]
+if rank == 0:
+    print("RESULT " + json.dumps(out))
+dist.barrier()
+dist.destroy_process_group()  # else gloo's threads may abort the exit ("terminate called ...")
+'''
+
+
+def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
+    """Two gloo ranks: the tail from each rank's largest values equals the one over all values;
+    pass@k equals 1 - C(n-c, k)/C(n, k) averaged over problems, whichever rank holds them; the
+    sampler/trainer mismatch (mean |d|, k3 KL, max ratio) is over both ranks' tokens."""
+    script = tmp_path / "diag.py"
+    script.write_text(f"ROOT = {ROOT!r}\n" + SCRIPT)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", str(script)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+    res = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    values = (torch.randn(3001, generator=torch.Generator().manual_seed(0)).abs() ** 3).numpy()
+    assert res["tail"][0] == pytest.approx(values.max(), rel=1e-6)
+    assert res["tail"][1] == pytest.approx(nearest_rank_p999(values), rel=1e-6)
+    old = np.concatenate([o for o, _ in res["tokens"]])
+    roll = np.concatenate([r for _, r in res["tokens"]])
+    d = old - roll                                   # log pi_old / pi_rollout per token
+    assert len(d) == 2 * 3 + 3 * 4
+    assert res["mismatch"]["mismatch"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
+    assert res["mismatch"]["mismatch/kl"] == pytest.approx((np.exp(d) - d - 1).mean(), rel=1e-6)
+    assert res["mismatch"]["mismatch/ratio_max"] == pytest.approx(np.exp(d).max(), rel=1e-6)
+    correct, n = [0, 1, 3, 8, 5], 8
+    want = {k: np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for c in correct]) for k in (1, 2, 4, 8)}
+    assert set(res["eval"]) == {"eval_accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
+    assert res["eval"]["eval_accuracy"] == pytest.approx(sum(correct) / (5 * n))
+    for k, v in want.items():
+        assert res["eval"][f"eval/pass@{k}"] == pytest.approx(v), k
