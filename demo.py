@@ -20,6 +20,7 @@ so removes the habit: what RL does for reasoning models, sharpening a skill the 
 does not use reliably. Responses are <= 50 tokens with EOS, so 64 new tokens is a safe limit.
 """
 import argparse
+import itertools
 import json
 import os
 import random
@@ -252,70 +253,62 @@ def write_splits(out_dir, seed, sizes, generate):
 # The chain task (the loss study's): a op1 b op2 c, worked in an order of the solver's choice
 #
 # "Ann has 47 coins, finds 38 more and gives away 25. How many now?" is 47+38-25, which can be
-# worked as (47+38)-25, (38+47)-25, (47-25)+38, 38+(47-25), (38-25)+47 or 47+(38-25): every order
-# whose steps stay at or above zero is right. The pre-training solutions pick one uniformly, so
-# the pre-trained model spreads its probability over the orders, which RL can collapse onto one;
-# and they slip (CHAIN_SLIP_PROB per step), so the model is often wrong when it samples.
+# worked as 47+38-25, 38+47-25, 47-25+38 or 38-25+47: every order of the terms that starts with
+# an added one and never goes below zero is right. A solution writes its order first (the plan),
+# then works it left to right in two column computations. The pre-training solutions pick the
+# order uniformly, so the pre-trained model spreads its probability over the orders, which RL can
+# collapse onto one; and they slip (CHAIN_SLIP_PROB per computation), so the model is often wrong
+# when it samples.
 
 CHAIN_STORY = "{n} has {a} {o}, {p} and {q}. How many now?"
 CHAIN_STEPS = {"+": ["finds {x} more", "gets {x} more", "buys {x} more"],
                "-": ["gives away {x}", "loses {x}", "sells {x}"]}
 CHAIN_OPS = ["++", "+-", "-+", "--"]
-# The share of pre-training steps (two per solution) with one slip of one; calibrated so that the
-# pre-trained model is right ~30% of the time at T=1 (see chain_solution and the module docstring).
+# The share of pre-training computations (two per solution) with one slip of one; calibrated so
+# that the pre-trained model is right 20-40% of the time at T=1 (see the module docstring).
 CHAIN_SLIP_PROB = 0.4
 
 
 def chain_orders(a, ops, b, c):
-    """Every order of working a op1 b op2 c (ops = op1 op2, each + or -) in two steps that never
-    go below zero. -> list of "x?y;u?v": first x?y, then u?v, names in "abcr", r the first result.
+    """Every order in which a op1 b op2 c (ops = op1 op2, each + or -) can be worked left to right
+    without going below zero. -> list of "x?y?z": the names a, b, c, each with its own sign.
 
-    The terms are +a, op1 b, op2 c. The first step joins two of them: two added terms, or two
-    subtracted ones (the total taken away), are added, in either order (x+y and y+x count as two
-    solutions); an added term p and a subtracted one n give p-n when p >= n. The second step joins
-    r with the third term the same way: r+z or z+r, r-z, or z-r when r is a total taken away.
-    47+38-25 -> ["a+b;r-c", "b+a;r-c", "a-c;r+b", "a-c;b+r", "b-c;r+a", "b-c;a+r"].
-    The problem must stay at or above zero read left to right: a op1 b >= 0 and the answer >= 0.
+    The terms are +a, op1 b, op2 c; an order is a permutation of them whose first term is an added
+    one (x+y and y+x count as two solutions) and whose first two give at least zero.
+    47+38-25 -> ["a+b-c", "a-c+b", "b+a-c", "b-c+a"]. The problem itself must not go below zero
+    read as told: a op1 b >= 0 and the answer >= 0.
     """
     if ops not in CHAIN_OPS or not all(isinstance(x, int) and x >= 0 for x in (a, b, c)):
         raise ValueError(f"need ops in {CHAIN_OPS} and non-negative ints, got {a!r} {ops!r} {b!r} {c!r}")
-    val, sign = {"a": a, "b": b, "c": c}, {"a": 1, "b": 1 if ops[0] == "+" else -1,
-                                           "c": 1 if ops[1] == "+" else -1}
-    if a + sign["b"] * b < 0 or a + sign["b"] * b + sign["c"] * c < 0:
+    val, sign = {"a": a, "b": b, "c": c}, {"a": "+", "b": ops[0], "c": ops[1]}
+    step = {"+": lambda x, y: x + y, "-": lambda x, y: x - y}
+    if step[ops[0]](a, b) < 0 or step[ops[1]](step[ops[0]](a, b), c) < 0:
         raise ValueError(f"{a}{ops[0]}{b}{ops[1]}{c} goes below zero")
     orders = []
-    for x, y, z in (("a", "b", "c"), ("a", "c", "b"), ("b", "c", "a")):  # x, y first; then z
-        if sign[x] == sign[y]:  # r = x + y, with their sign
-            firsts, r_sign = [f"{x}+{y}", f"{y}+{x}"], sign[x]
-        else:  # r = p - n, added
-            p, n = (x, y) if sign[x] > 0 else (y, x)
-            firsts, r_sign = ([f"{p}-{n}"] if val[p] >= val[n] else []), 1
-        if r_sign > 0 and sign[z] > 0:
-            seconds = [f"r+{z}", f"{z}+r"]
-        else:  # one of the two is taken away (not both: a is added); the answer >= 0 keeps it >= 0
-            seconds = [f"r-{z}"] if r_sign > 0 else [f"{z}-r"]
-        orders += [f"{f};{s}" for f in firsts for s in seconds]
+    for x, y, z in itertools.permutations("abc"):
+        if sign[x] == "+" and step[sign[y]](val[x], val[y]) >= 0:
+            orders.append(f"{x}{sign[y]}{y}{sign[z]}{z}")
     return orders
 
 
 def chain_solution(a, ops, b, c, order, slips=(None, None)):
-    """The worked solution of a op1 b op2 c in `order` (one of chain_orders'): the first step in
-    columns (worked_solution's lines), a line "=r" with its result, the second step in columns,
-    the answer boxed.
+    """The worked solution of a op1 b op2 c in `order` (one of chain_orders'): the order with the
+    numbers, the first computation in columns (worked_solution's lines: "x?y", then the columns),
+    the second one on its result r ("r?z", the columns), the answer boxed.
 
-    47+38-25 in "a-c;b+r" -> "47-25\\n17-5-0=12\\n14-2-0=12\\n=22\\n38+22\\n8+2+0=10\\n3+2+1=06\\n\\boxed{60}".
-    `slips`: per step, None or worked_solution's slip (column, +1 or -1). The second step works
-    on the result the first one's lines give, so a slip carries through to the box; it is an
-    error when that takes the second step below zero.
+    47+38-25 in "a-c+b" -> "47-25+38\\n47-25\\n17-5-0=12\\n14-2-0=12\\n22+38\\n8+2+0=10\\n3+2+1=06\\n\\boxed{60}".
+    `slips`: per computation, None or worked_solution's slip (column, +1 or -1). The second
+    computation works on the result the first one's lines give, so a slip carries through to the
+    box; it is an error when that takes the second computation below zero.
     """
     if order not in chain_orders(a, ops, b, c):
         raise ValueError(f"{order!r} is not an order of {a}{ops[0]}{b}{ops[1]}{c}")
-    val, lines = {"a": a, "b": b, "c": c}, []
-    for step, slip in zip(order.split(";"), slips):
-        step_lines, val["r"] = column_arithmetic(val[step[0]], step[1], val[step[2]], slip)
-        lines += step_lines + [f"={val['r']}"]
-    lines[-1] = f"\\boxed{{{val['r']}}}"
-    return "\n".join(lines)
+    val = {"a": a, "b": b, "c": c}
+    x, op1, y, op2, z = order
+    first, r = column_arithmetic(val[x], op1, val[y], slips[0])
+    second, answer = column_arithmetic(r, op2, val[z], slips[1])
+    plan = f"{val[x]}{op1}{val[y]}{op2}{val[z]}"
+    return "\n".join([plan] + first + second + [f"\\boxed{{{answer}}}"])
 
 
 def chain_key(a, ops, b, c):
@@ -325,22 +318,22 @@ def chain_key(a, ops, b, c):
 
 
 def draw_chain_solution(a, ops, b, c, rng, slip_prob):
-    """A pre-training solution: the order uniform among chain_orders', a slip in each step with
-    probability `slip_prob` (column and sign uniform; a slip that would take the second step
-    below zero is left out). -> (solution, order, slips)"""
+    """A pre-training solution: the order uniform among chain_orders', a slip in each computation
+    with probability `slip_prob` (column and sign uniform; a slip that would take the second
+    computation below zero is left out). -> (solution, order, slips)"""
     order = rng.choice(chain_orders(a, ops, b, c))
-    (x, o1, y), (u, o2, v) = order.split(";")
     val = {"a": a, "b": b, "c": c}
+    x, op1, y, op2, z = order
 
     def draw(p, q):
         if rng.random() >= slip_prob:
             return None
         return rng.randrange(max(len(str(p)), len(str(q)))), rng.choice((-1, 1))
     slip1 = draw(val[x], val[y])
-    val["r"] = column_arithmetic(val[x], o1, val[y], slip1)[1]
-    if o2 == "-" and val[u] < val[v]:  # the slip took the second step below zero: leave it out
-        slip1, val["r"] = None, column_arithmetic(val[x], o1, val[y])[1]
-    slips = (slip1, draw(val[u], val[v]))
+    r = column_arithmetic(val[x], op1, val[y], slip1)[1]
+    if op2 == "-" and r < val[z]:  # the slip took the second computation below zero: leave it out
+        slip1, r = None, column_arithmetic(val[x], op1, val[y])[1]
+    slips = (slip1, draw(r, val[z]))
     return chain_solution(a, ops, b, c, order, slips), order, slips
 
 

@@ -284,24 +284,21 @@ def test_batched_generate_matches_one_by_one(tmp_path):
 # The chain task (a op1 b op2 c in a free order): the loss study's
 
 def _check_chain_solution(problem, answer, solution):
-    """Check a chain solution independently of demo.chain_solution's own code: two column
-    computations (each checked by _check_worked_solution: right, or one slip carried through),
-    the first one's result written as "=r" and used by the second, the numbers used being the
-    problem's three and r, and no step below zero. Returns (step 1's slipped column or None,
-    step 2's, the boxed value)."""
+    """Check a chain solution independently of demo.chain_solution's own code: the plan "x?y?z"
+    holds the problem's three numbers, then two column computations (each checked by
+    _check_worked_solution: right, or one slip carried through), "x?y" and "r?z" where r is the
+    result the first one's lines give, and nothing below zero. Returns (the first computation's
+    slipped column or None, the second's, the boxed value)."""
     lines = solution.split("\n")
-    mid = next(i for i, ln in enumerate(lines) if ln.startswith("="))
-    r = int(lines[mid][1:])
-    first = "\n".join(lines[:mid] + [f"\\boxed{{{r}}}"])
-    second = "\n".join(lines[mid + 1:])
-    (x, op1, y), (u, op2, v) = (re.fullmatch(r"(\d+)([-+])(\d+)", s).groups()
-                                for s in (lines[0], lines[mid + 1]))
-    # each step's own arithmetic; a step's "answer" passed is the true result of its header
-    slip1 = _check_worked_solution(f"{x} {y}", str(eval(lines[0])), first)
-    slip2 = _check_worked_solution(f"{u} {v}", str(eval(lines[mid + 1])), second)
-    numbers = sorted(_numbers(problem)[:3])
-    assert sorted([int(x), int(y), int(u), int(v)]) == sorted(numbers + [r])  # r used once
-    assert r in (int(u), int(v)) and int(x) <= 99 and int(y) <= 99  # step 1: two of the problem's
+    x, op1, y, op2, z = re.fullmatch(r"(\d+)([-+])(\d+)([-+])(\d+)", lines[0]).groups()
+    assert sorted(int(n) for n in (x, y, z)) == sorted(_numbers(problem)[:3])
+    assert lines[1] == f"{x}{op1}{y}"
+    mid = next(i for i, ln in enumerate(lines) if i > 1 and re.fullmatch(r"\d+[-+]\d+", ln))
+    r, op, z2 = re.fullmatch(r"(\d+)([-+])(\d+)", lines[mid]).groups()
+    assert (op, z2) == (op2, z)
+    first = "\n".join(lines[1:mid] + [f"\\boxed{{{r}}}"])  # the first computation, boxed at r
+    slip1 = _check_worked_solution(f"{x} {y}", str(eval(lines[1])), first)
+    slip2 = _check_worked_solution(f"{r} {z}", str(eval(lines[mid])), "\n".join(lines[mid:]))
     boxed = int(re.fullmatch(r"\\boxed\{(\d+)\}", lines[-1])[1])
     if slip1 is None and slip2 is None:
         assert boxed == int(answer)
@@ -316,24 +313,25 @@ def _signed_terms(problem):
 
 
 def test_chain_orders_by_hand():
-    assert demo.chain_orders(47, "+-", 38, 25) == \
-        ["a+b;r-c", "b+a;r-c", "a-c;r+b", "a-c;b+r", "b-c;r+a", "b-c;a+r"]
-    assert demo.chain_orders(47, "+-", 20, 25) == ["a+b;r-c", "b+a;r-c", "a-c;r+b", "a-c;b+r"]  # 20 < 25
-    assert demo.chain_orders(90, "--", 38, 25) == ["a-b;r-c", "a-c;r-b", "b+c;a-r", "c+b;a-r"]
-    assert len(demo.chain_orders(20, "++", 38, 25)) == 12
-    assert demo.chain_orders(40, "-+", 38, 25) == ["a-b;r+c", "a-b;c+r", "a+c;r-b", "c+a;r-b"]
-    assert demo.chain_solution(47, "+-", 38, 25, "a-c;b+r") == \
-        "47-25\n17-5-0=12\n14-2-0=12\n=22\n38+22\n8+2+0=10\n3+2+1=06\n\\boxed{60}"
-    assert demo.chain_solution(47, "+-", 38, 25, "a+b;r-c") == \
-        "47+38\n7+8+0=15\n4+3+1=08\n=85\n85-25\n15-5-0=10\n18-2-0=16\n\\boxed{60}"
-    # a slip in the first step is carried: 85 written 86, so the second step works on 86
-    assert demo.chain_solution(47, "+-", 38, 25, "a+b;r-c", slips=((0, 1), None)) == \
-        "47+38\n7+8+0=16\n4+3+1=08\n=86\n86-25\n16-5-0=11\n18-2-0=16\n\\boxed{61}"
+    assert demo.chain_orders(47, "+-", 38, 25) == ["a+b-c", "a-c+b", "b+a-c", "b-c+a"]
+    assert demo.chain_orders(47, "+-", 20, 25) == ["a+b-c", "a-c+b", "b+a-c"]  # not 20-25
+    assert demo.chain_orders(90, "--", 38, 25) == ["a-b-c", "a-c-b"]
+    assert len(demo.chain_orders(20, "++", 38, 25)) == 6
+    assert demo.chain_orders(40, "-+", 38, 25) == ["a-b+c", "a+c-b", "c+a-b"]  # not 25-38
+    assert demo.chain_solution(47, "+-", 38, 25, "a-c+b") == \
+        "47-25+38\n47-25\n17-5-0=12\n14-2-0=12\n22+38\n2+8+0=10\n2+3+1=06\n\\boxed{60}"
+    assert demo.chain_solution(47, "+-", 38, 25, "a+b-c") == \
+        "47+38-25\n47+38\n7+8+0=15\n4+3+1=08\n85-25\n15-5-0=10\n18-2-0=16\n\\boxed{60}"
+    # a slip in the first computation is carried: 85 written 86, so the second one works on 86
+    assert demo.chain_solution(47, "+-", 38, 25, "a+b-c", slips=((0, 1), None)) == \
+        "47+38-25\n47+38\n7+8+0=16\n4+3+1=08\n86-25\n16-5-0=11\n18-2-0=16\n\\boxed{61}"
     for bad in [(47, "-+", 50, 1), (10, "--", 5, 6), (1, "*+", 2, 3), (1, "+", 2, 3), (-1, "++", 2, 3)]:
         with pytest.raises(ValueError):
             demo.chain_orders(*bad)
     with pytest.raises(ValueError, match="order"):
-        demo.chain_solution(47, "+-", 20, 25, "b-c;r+a")  # 20-25 goes below zero
+        demo.chain_solution(47, "+-", 20, 25, "b-c+a")  # 20-25 goes below zero
+    with pytest.raises(ValueError, match="order"):
+        demo.chain_solution(47, "+-", 38, 25, "a+c-b")  # 25 is taken away, not added
 
 
 def test_every_chain_order_is_valid_and_reaches_the_answer():
@@ -341,49 +339,32 @@ def test_every_chain_order_is_valid_and_reaches_the_answer():
     import random
     rng = random.Random(11)
     seen_counts = set()
-    for _ in range(1500):
+    for _ in range(3000):
         ops = rng.choice(demo.CHAIN_OPS)
-        a, b, c = (rng.randint(1, 99) for _ in range(3))
-        sign = {"+": 1, "-": -1}
-        if a + sign[ops[0]] * b < 0 or a + sign[ops[0]] * b + sign[ops[1]] * c < 0:
+        a, b, c = (rng.randint(0, 120) for _ in range(3))
+        signed = {"a": (1, a), "b": (1 if ops[0] == "+" else -1, b), "c": (1 if ops[1] == "+" else -1, c)}
+        if a + signed["b"][0] * b < 0 or a + signed["b"][0] * b + signed["c"][0] * c < 0:
+            with pytest.raises(ValueError, match="below zero"):
+                demo.chain_orders(a, ops, b, c)
             continue
-        answer = a + sign[ops[0]] * b + sign[ops[1]] * c
+        answer = a + signed["b"][0] * b + signed["c"][0] * c
         orders = demo.chain_orders(a, ops, b, c)
         seen_counts.add(len(orders))
-        assert len(set(orders)) == len(orders) and "a" + ops[0] + "b" in orders[0]  # left to right first
-        # independently: every two-step tree over the three names whose values stay >= 0 and give
-        # the answer, with a - only from a larger number and each name used once
-        val = {"a": a, "b": b, "c": c}
+        # independently: the permutations of the signed terms that start with an added term and
+        # stay >= 0 after two of them (after three they give the answer)
         brute = set()
-        for x, y in itertools.permutations("abc", 2):
-            z = next(n for n in "abc" if n not in (x, y))
-            for o1, o2 in itertools.product("+-", repeat=2):
-                r = eval(f"{val[x]}{o1}{val[y]}")
-                for first, second in ((f"r{o2}{z}", r), (f"{z}{o2}r", None)):
-                    u, v = (r, val[z]) if second is not None else (val[z], r)
-                    res = eval(f"{u}{o2}{v}")
-                    if r < 0 or res < 0:
-                        continue
-                    # the signs must be the problem's: the value of the tree as a signed sum
-                    coef = {"a": 0, "b": 0, "c": 0}
-                    s_r = 1 if second is not None or o2 == "+" else -1
-                    coef[x] += s_r
-                    coef[y] += s_r * (1 if o1 == "+" else -1)
-                    coef[z] += 1 if (second is None or o2 == "+") else -1
-                    if (coef["a"], coef["b"], coef["c"]) == (1, sign[ops[0]], sign[ops[1]]):
-                        brute.add(f"{x}{o1}{y};{first}")
-        for order in orders:  # each listed order is one of the valid trees and reaches the answer
-            assert order in brute, (a, ops, b, c, order)
+        for x, y, z in itertools.permutations("abc"):
+            (sx, vx), (sy, vy), (sz, vz) = signed[x], signed[y], signed[z]
+            if sx > 0 and vx + sy * vy >= 0:
+                assert vx + sy * vy + sz * vz == answer
+                brute.add(f"{x}{'+-'[sy < 0]}{y}{'+-'[sz < 0]}{z}")
+        assert set(orders) == brute and len(orders) == len(brute)
+        assert orders[0] == f"a{ops[0]}b{ops[1]}c"  # the problem's own order is always one
+        for order in orders:
             sol = demo.chain_solution(a, ops, b, c, order)
             assert _check_chain_solution(f"{a} {b} {c}", str(answer), sol) == (None, None, answer)
-        # the trees left out are exactly those through a negative partial: a taken-away number
-        # minus an added one first, then taken from the third (47+38-25 as 38-(25-47) is not,
-        # but 47-(25-38) would be when 25 >= 38)
-        names_sign = {"a": "+", "b": ops[0], "c": ops[1]}
-        for tree in brute - set(orders):
-            z = next(n for n in "abc" if n not in (tree[0], tree[2]))
-            assert tree[1] == "-" and names_sign[tree[0]] == "-" and tree[4:] == f"{z}-r", tree
-    assert {2, 4, 6, 12} <= seen_counts
+            assert reward.grade(sol, str(answer))[1]
+    assert seen_counts == {2, 3, 4, 6}
 
 
 def test_chain_rows_are_right_seeded_and_slip_consistently(tmp_path):
@@ -407,12 +388,12 @@ def test_chain_rows_are_right_seeded_and_slip_consistently(tmp_path):
     rate = steps_slipped / (2 * n)
     assert abs(rate - 0.5) < 0.05, rate  # ~ slip_prob per step (a few dropped: below zero)
     assert all(len(heads) > 1 for heads in orders.values())  # orders vary
-    # the order is uniform over the valid ones: 47+38-25 has 6
+    # the order is uniform over the valid ones: 47+38-25 has 4
     import random
     rng, n_draws = random.Random(0), 6000
     drawn = [demo.draw_chain_solution(47, "+-", 38, 25, rng, 0.0)[1] for _ in range(n_draws)]
     for order in demo.chain_orders(47, "+-", 38, 25):
-        assert abs(drawn.count(order) / n_draws - 1 / 6) < 4 * (5 / 36 / n_draws) ** 0.5, order
+        assert abs(drawn.count(order) / n_draws - 1 / 4) < 4 * (3 / 16 / n_draws) ** 0.5, order
     for d, seed in [("a", 0), ("b", 0), ("c", 1)]:
         demo.write_chain_data(str(tmp_path / d), seed=seed, n_train=60, n_test=30, n_sft=60)
     read = lambda d, s: (tmp_path / d / f"{s}.jsonl").read_text()
