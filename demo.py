@@ -266,7 +266,7 @@ CHAIN_STEPS = {"+": ["finds {x} more", "gets {x} more", "buys {x} more"],
 CHAIN_OPS = ["++", "+-", "-+", "--"]
 # The share of pre-training computations (two per solution) with one slip of one; calibrated so
 # that the pre-trained model is right 20-40% of the time at T=1 (see the module docstring).
-CHAIN_SLIP_PROB = 0.4
+CHAIN_SLIP_PROB = 0.3
 
 
 def chain_orders(a, ops, b, c):

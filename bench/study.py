@@ -204,8 +204,8 @@ def cmd_run(args):
     variants = SMOKE["variants"] if args.smoke else args.variants
     prepare_base(args.out, settings)
     t0 = time.time()
-    for variant in variants:
-        for seed in seeds:
+    for seed in seeds:  # seed by seed: a study stopped part-way holds complete pairs
+        for variant in variants:
             run_one(args.out, variant, seed, settings)
     print(f"all {len(variants) * len(seeds)} runs finished ({time.time() - t0:.0f}s in this call)")
 
@@ -578,7 +578,8 @@ def main(argv=None):
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     r.add_argument("--steps", type=int, default=150)
     r.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    r.add_argument("--nproc", type=int, default=1, help="processes per run (1: plain python train.py)")
+    r.add_argument("--nproc", type=int, default=2,
+                   help="processes per run (torchrun; 1: plain python train.py)")
     r.add_argument("--config", default=CONFIG)
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="train.py overrides for every run")
