@@ -374,6 +374,8 @@ def claims_table(summaries):
         effect, lo, hi = paired_effect(x, y, kind)
         null = 1.0 if kind == "ratio" else 0.0
         v = verdict(lo, hi, null, side)
+        if len(seeds) < 2 and v != "no data":
+            v = "no CI from one seed"
         note = ""
         if kind == "ratio" and not np.isnan(lo):
             note = "CI contains 0.5" if lo <= 0.5 <= hi else "CI excludes 0.5"
@@ -506,8 +508,9 @@ def report_lines(out, runs, settings, threshold, pngs, command):
         reached = sum(s["reached"] for s in per_seed.values())
         reached_eval = sum(s["reached_eval"] for s in per_seed.values())
         n = len(per_seed)
-        L.append(f"| {v} | {n} | {np.mean(vals('pass@1_start')):.3f} → {ci('pass@1')} | "
-                 f"{np.mean(vals('pass@32_start')):.3f} → {ci('pass@32')} | "
+        start = lambda key: "–" if np.isnan(np.mean(vals(key))) else f"{np.mean(vals(key)):.3f}"  # noqa: E731
+        L.append(f"| {v} | {n} | {start('pass@1_start')} → {ci('pass@1')} | "
+                 f"{start('pass@32_start')} → {ci('pass@32')} | "
                  f"{ci('steps_to_thr', 0)} ({reached}/{n} reached) | {ci('steps_to_thr_eval', 0)} "
                  f"({reached_eval}/{n}) | {np.mean(vals('s_per_step')):.2f} |")
         stability.append(f"| {v} | {ci('entropy_final', 4)} | {ci('entropy_min', 4)} | {ci('log_ratio_max')} | "
