@@ -18,6 +18,16 @@ slipping, so it is mostly right greedily but often wrong when it samples. Measur
 85% greedy, 39% sampled at T=1. RL (train.py, configs/demo.yaml) rewards only right answers and
 so removes the habit: what RL does for reasoning models, sharpening a skill the model has but
 does not use reliably. Responses are <= 50 tokens with EOS, so 64 new tokens is a safe limit.
+
+The chain task (`prepare --task chain`, the loss study's: bench/study.py) has three 2-digit numbers
+and two operations of + and - ("Ann has 47 coins, finds 38 more and gives away 25. How many
+now?"). Its solution writes an order of the terms first (47+38-25, 38+47-25, 47-25+38 or
+38-25+47: 2 to 6 right orders per problem) and works it left to right in two column
+computations ("47-25+38\n47-25\n17-5-0=12\n14-2-0=12\n22+38\n2+8+0=10\n2+3+1=06\n\boxed{60}").
+The pre-training solutions take an order uniformly and slip in 30% of the computations
+(CHAIN_SLIP_PROB), so the model both spreads over the orders, which RL can collapse, and slips.
+Measured with seed 0 (800 steps, 8 minutes on 2 idle cores): 89% greedy, 37% sampled at T=1 on
+500 held-out problems, pass@32 98% (32 samples, 128 problems); responses of 60-82 tokens with EOS.
 """
 import argparse
 import itertools
@@ -529,7 +539,7 @@ def main():
     p = sub.add_parser("prepare", help="write the demo data, make the tiny model, pre-train it")
     p.add_argument("--out", default="runs/demo", help="writes OUT/data/*.jsonl and OUT/model/")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=None, help="pre-training steps (default: 600 demo, 800 chain)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--decay-frac", type=float, default=0.25, help="final linear lr decay share")
@@ -563,8 +573,8 @@ def main():
             write_demo_data(data_dir, seed=args.seed, ops=args.ops, digits=digits, slip_prob=slip_prob)
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
         sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
-        pretrain(model_dir, sft_rows, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                 decay_frac=args.decay_frac, seed=args.seed)
+        pretrain(model_dir, sft_rows, steps=args.steps or (800 if chain else 600),
+                 batch_size=args.batch_size, lr=args.lr, decay_frac=args.decay_frac, seed=args.seed)
         print(f"pre-training done in {time.time() - t0:.0f}s; model in {model_dir}")
         args.model_dir, args.data = model_dir, os.path.join(data_dir, "test.jsonl")
         args.n, args.samples, args.max_new_tokens = args.n_eval, 1, 96
