@@ -18,8 +18,19 @@ slipping, so it is mostly right greedily but often wrong when it samples. Measur
 85% greedy, 39% sampled at T=1. RL (train.py, configs/demo.yaml) rewards only right answers and
 so removes the habit: what RL does for reasoning models, sharpening a skill the model has but
 does not use reliably. Responses are <= 50 tokens with EOS, so 64 new tokens is a safe limit.
+
+The chain task (`prepare --task chain`, the loss study's: bench/study.py) has three 2-digit numbers
+and two operations of + and - ("Ann has 47 coins, finds 38 more and gives away 25. How many
+now?"). Its solution writes an order of the terms first (47+38-25, 38+47-25, 47-25+38 or
+38-25+47: 2 to 6 right orders per problem) and works it left to right in two column
+computations ("47-25+38\n47-25\n17-5-0=12\n14-2-0=12\n22+38\n2+8+0=10\n2+3+1=06\n\boxed{60}").
+The pre-training solutions take an order uniformly and slip in 30% of the computations
+(CHAIN_SLIP_PROB), so the model both spreads over the orders, which RL can collapse, and slips.
+Measured with seed 0 (800 steps, 8 minutes on 2 idle cores): 89% greedy, 37% sampled at T=1 on
+500 held-out problems, pass@32 98% (32 samples, 128 problems); responses of 60-82 tokens with EOS.
 """
 import argparse
+import itertools
 import json
 import os
 import random
@@ -121,6 +132,13 @@ def worked_solution(a, op, b, slip=None):
     person's slip would go on: the next carry comes from the wrong line, the boxed answer is
     the one the lines give (347+258 with slip (1, -1): "4+5+1=09\\n3+2+0=05\\n\\boxed{595}").
     """
+    lines, answer = column_arithmetic(a, op, b, slip)
+    return "\n".join(lines + [f"\\boxed{{{answer}}}"])
+
+
+def column_arithmetic(a, op, b, slip=None):
+    """The lines of `a op b` worked in columns (the header "a?b", then one line per column) and the
+    result those lines give: worked_solution without the box, see there. -> (lines, result)"""
     if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
         raise ValueError(f"operands must be non-negative ints, got {a!r}, {b!r}")
     if op not in ("+", "-", "*"):
@@ -145,9 +163,7 @@ def worked_solution(a, op, b, slip=None):
         carry = 1 - r // 10 if op == "-" else r // 10
         digits.append(r % 10)
     head = "" if op == "-" else str(carry)  # the borrow given back is no digit of a - b
-    answer = int(head + "".join(str(d) for d in reversed(digits)))
-    lines.append(f"\\boxed{{{answer}}}")
-    return "\n".join(lines)
+    return lines, int(head + "".join(str(d) for d in reversed(digits)))
 
 
 def make_row(a, op, b, rng, slip=None):
@@ -219,11 +235,21 @@ def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, o
     Only the SFT solutions have slips (`slip_prob`); every "answer" is the true result.
     Returns {split: rows}.
     """
+    return write_splits(out_dir, seed, {"test": n_test, "train": n_train, "sft": n_sft},
+                        lambda n, split_seed, exclude, slips: generate_rows(
+                            n, split_seed, ops=ops, digits=digits, exclude=exclude,
+                            slip_prob=slip_prob if slips else 0.0))
+
+
+def write_splits(out_dir, seed, sizes, generate):
+    """Write each split of `sizes` ({"test": n, "train": n, "sft": n}, in that order) to
+    out_dir/<split>.jsonl from `generate(n, split_seed, exclude, slips) -> (rows, keys)`, each
+    split excluding the keys of those before it; only "sft" keeps solutions (with slips).
+    Returns {split: rows}."""
     os.makedirs(out_dir, exist_ok=True)
     splits, used = {}, set()
-    for i, (name, n) in enumerate([("test", n_test), ("train", n_train), ("sft", n_sft)]):
-        rows, keys = generate_rows(n, seed * 1000 + i, ops=ops, digits=digits, exclude=used,
-                                   slip_prob=slip_prob if name == "sft" else 0.0)
+    for i, (name, n) in enumerate(sizes.items()):
+        rows, keys = generate(n, seed * 1000 + i, used, name == "sft")
         used |= keys
         if name != "sft":  # the RL and eval splits carry no worked solution
             rows = [{"problem": r["problem"], "answer": r["answer"]} for r in rows]
@@ -231,6 +257,143 @@ def write_demo_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, o
             f.writelines(json.dumps(r) + "\n" for r in rows)
         splits[name] = rows
     return splits
+
+
+# ----------------------------------------------------------------------------------------------
+# The chain task (the loss study's): a op1 b op2 c, worked in an order of the solver's choice
+#
+# "Ann has 47 coins, finds 38 more and gives away 25. How many now?" is 47+38-25, which can be
+# worked as 47+38-25, 38+47-25, 47-25+38 or 38-25+47: every order of the terms that starts with
+# an added one and never goes below zero is right. A solution writes its order first (the plan),
+# then works it left to right in two column computations. The pre-training solutions pick the
+# order uniformly, so the pre-trained model spreads its probability over the orders, which RL can
+# collapse onto one; and they slip (CHAIN_SLIP_PROB per computation), so the model is often wrong
+# when it samples.
+
+CHAIN_STORY = "{n} has {a} {o}, {p} and {q}. How many now?"
+CHAIN_STEPS = {"+": ["finds {x} more", "gets {x} more", "buys {x} more"],
+               "-": ["gives away {x}", "loses {x}", "sells {x}"]}
+CHAIN_OPS = ["++", "+-", "-+", "--"]
+# The share of pre-training computations (two per solution) with one slip of one; calibrated so
+# that the pre-trained model is right 20-40% of the time at T=1 (see the module docstring).
+CHAIN_SLIP_PROB = 0.3
+
+
+def chain_orders(a, ops, b, c):
+    """Every order in which a op1 b op2 c (ops = op1 op2, each + or -) can be worked left to right
+    without going below zero. -> list of "x?y?z": the names a, b, c, each with its own sign.
+
+    The terms are +a, op1 b, op2 c; an order is a permutation of them whose first term is an added
+    one (x+y and y+x count as two solutions) and whose first two give at least zero.
+    47+38-25 -> ["a+b-c", "a-c+b", "b+a-c", "b-c+a"]. The problem itself must not go below zero
+    read as told: a op1 b >= 0 and the answer >= 0.
+    """
+    if ops not in CHAIN_OPS or not all(isinstance(x, int) and x >= 0 for x in (a, b, c)):
+        raise ValueError(f"need ops in {CHAIN_OPS} and non-negative ints, got {a!r} {ops!r} {b!r} {c!r}")
+    val, sign = {"a": a, "b": b, "c": c}, {"a": "+", "b": ops[0], "c": ops[1]}
+    step = {"+": lambda x, y: x + y, "-": lambda x, y: x - y}
+    if step[ops[0]](a, b) < 0 or step[ops[1]](step[ops[0]](a, b), c) < 0:
+        raise ValueError(f"{a}{ops[0]}{b}{ops[1]}{c} goes below zero")
+    orders = []
+    for x, y, z in itertools.permutations("abc"):
+        if sign[x] == "+" and step[sign[y]](val[x], val[y]) >= 0:
+            orders.append(f"{x}{sign[y]}{y}{sign[z]}{z}")
+    return orders
+
+
+def chain_solution(a, ops, b, c, order, slips=(None, None)):
+    """The worked solution of a op1 b op2 c in `order` (one of chain_orders'): the order with the
+    numbers, the first computation in columns (worked_solution's lines: "x?y", then the columns),
+    the second one on its result r ("r?z", the columns), the answer boxed.
+
+    47+38-25 in "a-c+b" -> "47-25+38\\n47-25\\n17-5-0=12\\n14-2-0=12\\n22+38\\n8+2+0=10\\n3+2+1=06\\n\\boxed{60}".
+    `slips`: per computation, None or worked_solution's slip (column, +1 or -1). The second
+    computation works on the result the first one's lines give, so a slip carries through to the
+    box; it is an error when that takes the second computation below zero.
+    """
+    if order not in chain_orders(a, ops, b, c):
+        raise ValueError(f"{order!r} is not an order of {a}{ops[0]}{b}{ops[1]}{c}")
+    val = {"a": a, "b": b, "c": c}
+    x, op1, y, op2, z = order
+    first, r = column_arithmetic(val[x], op1, val[y], slips[0])
+    second, answer = column_arithmetic(r, op2, val[z], slips[1])
+    plan = f"{val[x]}{op1}{val[y]}{op2}{val[z]}"
+    return "\n".join([plan] + first + second + [f"\\boxed{{{answer}}}"])
+
+
+def chain_key(a, ops, b, c):
+    """The arithmetic a problem asks, whatever its story and order of terms: (added, taken away)."""
+    terms = [(1, a), (1 if ops[0] == "+" else -1, b), (1 if ops[1] == "+" else -1, c)]
+    return (tuple(sorted(x for s, x in terms if s > 0)), tuple(sorted(x for s, x in terms if s < 0)))
+
+
+def draw_chain_solution(a, ops, b, c, rng, slip_prob):
+    """A pre-training solution: the order uniform among chain_orders', a slip in each computation
+    with probability `slip_prob` (column and sign uniform; a slip that would take the second
+    computation below zero is left out). -> (solution, order, slips)"""
+    order = rng.choice(chain_orders(a, ops, b, c))
+    val = {"a": a, "b": b, "c": c}
+    x, op1, y, op2, z = order
+
+    def draw(p, q):
+        if rng.random() >= slip_prob:
+            return None
+        return rng.randrange(max(len(str(p)), len(str(q)))), rng.choice((-1, 1))
+    slip1 = draw(val[x], val[y])
+    r = column_arithmetic(val[x], op1, val[y], slip1)[1]
+    if op2 == "-" and r < val[z]:  # the slip took the second computation below zero: leave it out
+        slip1, r = None, column_arithmetic(val[x], op1, val[y])[1]
+    slips = (slip1, draw(r, val[z]))
+    return chain_solution(a, ops, b, c, order, slips), order, slips
+
+
+def generate_chain_rows(n, seed, *, digits=(2,), exclude=(), slip_prob=0.0):
+    """`n` distinct chain problems from `seed`, none of whose chain_key is in `exclude`;
+    -> (rows {"problem", "answer", "solution"}, their keys). Each number has one of `digits`
+    digits; op1 op2 uniform over CHAIN_OPS; the numbers are redrawn until the problem stays at or
+    above zero. Orders and slips come from a stream of their own, so the problems drawn do not
+    depend on `slip_prob`."""
+    if not digits or min(digits) < 1:
+        raise ValueError(f"digits must be >= 1, got {digits!r}")
+    if not 0.0 <= slip_prob <= 1.0:
+        raise ValueError(f"slip_prob must be in [0, 1], got {slip_prob!r}")
+    rng, sol_rng = random.Random(f"chain-{seed}"), random.Random(f"chain-solutions-{seed}")
+
+    def num():
+        d = rng.choice(digits)
+        return rng.randint(10 ** (d - 1), 10 ** d - 1)
+    seen, rows = set(exclude), []
+    for _ in range(100 * n):
+        if len(rows) == n:
+            break
+        ops = rng.choice(CHAIN_OPS)
+        while True:
+            a, b, c = num(), num(), num()
+            s1, s2 = (1 if o == "+" else -1 for o in ops)
+            if a + s1 * b >= 0 and a + s1 * b + s2 * c >= 0:
+                break
+        key = chain_key(a, ops, b, c)
+        if key in seen:
+            continue
+        seen.add(key)
+        story = CHAIN_STORY.format(n=rng.choice(NAMES), o=rng.choice(THINGS), a=a,
+                                   p=rng.choice(CHAIN_STEPS[ops[0]]).format(x=b),
+                                   q=rng.choice(CHAIN_STEPS[ops[1]]).format(x=c))
+        solution = draw_chain_solution(a, ops, b, c, sol_rng, slip_prob)[0]
+        rows.append({"problem": story, "answer": str(a + s1 * b + s2 * c), "solution": solution})
+    if len(rows) < n:
+        raise ValueError(f"could not draw {n} distinct chain problems with digits={digits}")
+    return rows, seen - set(exclude)
+
+
+def write_chain_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, digits=(2,),
+                     slip_prob=CHAIN_SLIP_PROB):
+    """write_demo_data for the chain task: train.jsonl, test.jsonl and sft.jsonl (with solutions),
+    sharing no chain_key. Returns {split: rows}."""
+    return write_splits(out_dir, seed, {"test": n_test, "train": n_train, "sft": n_sft},
+                        lambda n, split_seed, exclude, slips: generate_chain_rows(
+                            n, split_seed, digits=digits, exclude=exclude,
+                            slip_prob=slip_prob if slips else 0.0))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,13 +539,19 @@ def main():
     p = sub.add_parser("prepare", help="write the demo data, make the tiny model, pre-train it")
     p.add_argument("--out", default="runs/demo", help="writes OUT/data/*.jsonl and OUT/model/")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=None, help="pre-training steps (default: 600 demo, 800 chain)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--decay-frac", type=float, default=0.25, help="final linear lr decay share")
-    p.add_argument("--ops", default="+-")
-    p.add_argument("--slip-prob", type=float, default=SLIP_PROB,
-                   help="share of pre-training solutions with one slip of one")
+    p.add_argument("--task", choices=["demo", "chain"], default="demo",
+                   help="demo: a op b (the README's demo); chain: a op b op c in a free order "
+                        "(the loss study's, bench/study.py)")
+    p.add_argument("--ops", default="+-", help="demo task: the operations")
+    p.add_argument("--digits", default=None,
+                   help="digits of the numbers, e.g. 2,3 (default: 2,3 demo; 2 chain)")
+    p.add_argument("--slip-prob", type=float, default=None,
+                   help=f"share of pre-training solutions (demo, default {SLIP_PROB}) or solution "
+                        f"steps (chain, default {CHAIN_SLIP_PROB}) with one slip of one")
     p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
     e = sub.add_parser("eval", help="held-out accuracy of a model directory")
     e.add_argument("model_dir")
@@ -395,11 +564,17 @@ def main():
     if args.cmd == "prepare":
         t0 = time.time()
         data_dir, model_dir = os.path.join(args.out, "data"), os.path.join(args.out, "model")
-        write_demo_data(data_dir, seed=args.seed, ops=args.ops, slip_prob=args.slip_prob)
+        chain = args.task == "chain"
+        digits = tuple(int(d) for d in (args.digits or ("2" if chain else "2,3")).split(","))
+        slip_prob = args.slip_prob if args.slip_prob is not None else CHAIN_SLIP_PROB if chain else SLIP_PROB
+        if chain:
+            write_chain_data(data_dir, seed=args.seed, digits=digits, slip_prob=slip_prob)
+        else:
+            write_demo_data(data_dir, seed=args.seed, ops=args.ops, digits=digits, slip_prob=slip_prob)
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
         sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
-        pretrain(model_dir, sft_rows, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                 decay_frac=args.decay_frac, seed=args.seed)
+        pretrain(model_dir, sft_rows, steps=args.steps or (800 if chain else 600),
+                 batch_size=args.batch_size, lr=args.lr, decay_frac=args.decay_frac, seed=args.seed)
         print(f"pre-training done in {time.time() - t0:.0f}s; model in {model_dir}")
         args.model_dir, args.data = model_dir, os.path.join(data_dir, "test.jsonl")
         args.n, args.samples, args.max_new_tokens = args.n_eval, 1, 96

@@ -508,7 +508,9 @@ def micro_batches(seqs, budget):
 
 def collate(mb, device):
     """One prompt (1, p) and its responses right-padded to (b, R), with (b, R) response tensors:
-    mask, and whichever per-token values the sequences carry (old/ref/rollout log-probs)."""
+    mask, and whichever per-token values all the sequences carry (old/ref/rollout log-probs).
+    All: the reference pass takes one prompt's trained responses from every mini-batch, and when
+    a group is split over mini-batches only those past the first carry old log-probs yet."""
     R = max(len(s.resp) for s in mb)
     resp = torch.zeros(len(mb), R, dtype=torch.long)
     mask = torch.zeros(len(mb), R)
@@ -518,7 +520,7 @@ def collate(mb, device):
     out = {"prompt": torch.tensor([mb[0].prompt]), "resp": resp, "mask": mask,
            "adv": torch.tensor([s.adv for s in mb], dtype=torch.float32)}
     for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp"):
-        if getattr(mb[0], key) is not None:
+        if all(getattr(s, key) is not None for s in mb):
             out[key] = torch.zeros(len(mb), R)
             for b, s in enumerate(mb):
                 out[key][b, :len(s.resp)] = getattr(s, key)

@@ -1,6 +1,5 @@
 """The demo task and its supervised pre-training (demo.py)."""
 import json
-import os
 import re
 
 import pytest
@@ -279,3 +278,142 @@ def test_batched_generate_matches_one_by_one(tmp_path):
     single = [demo.generate(model, tok, [p], temperature=0, max_new_tokens=12)[0] for p in prompts]
     assert batched == single and all(len(x) > 0 for x in batched)
     assert tok.padding_side == "right"  # restored
+
+
+# ---------------------------------------------------------------------------------------------
+# The chain task (a op1 b op2 c in a free order): the loss study's
+
+def _check_chain_solution(problem, answer, solution):
+    """Check a chain solution independently of demo.chain_solution's own code: the plan "x?y?z"
+    holds the problem's three numbers, then two column computations (each checked by
+    _check_worked_solution: right, or one slip carried through), "x?y" and "r?z" where r is the
+    result the first one's lines give, and nothing below zero. Returns (the first computation's
+    slipped column or None, the second's, the boxed value)."""
+    lines = solution.split("\n")
+    x, op1, y, op2, z = re.fullmatch(r"(\d+)([-+])(\d+)([-+])(\d+)", lines[0]).groups()
+    assert sorted(int(n) for n in (x, y, z)) == sorted(_numbers(problem)[:3])
+    assert lines[1] == f"{x}{op1}{y}"
+    mid = next(i for i, ln in enumerate(lines) if i > 1 and re.fullmatch(r"\d+[-+]\d+", ln))
+    r, op, z2 = re.fullmatch(r"(\d+)([-+])(\d+)", lines[mid]).groups()
+    assert (op, z2) == (op2, z)
+    first = "\n".join(lines[1:mid] + [f"\\boxed{{{r}}}"])  # the first computation, boxed at r
+    slip1 = _check_worked_solution(f"{x} {y}", str(eval(lines[1])), first)
+    slip2 = _check_worked_solution(f"{r} {z}", str(eval(lines[mid])), "\n".join(lines[mid:]))
+    boxed = int(re.fullmatch(r"\\boxed\{(\d+)\}", lines[-1])[1])
+    if slip1 is None and slip2 is None:
+        assert boxed == int(answer)
+    return slip1, slip2, boxed
+
+
+def _signed_terms(problem):
+    """The problem's three numbers with their signs, read from its words."""
+    a, b, c = _numbers(problem)[:3]
+    steps = re.search(r", (.+?) and (.+?)\. How many", problem).groups()
+    return a, "".join("-" if re.match(r"gives away|loses|sells", s) else "+" for s in steps), b, c
+
+
+def test_chain_orders_by_hand():
+    assert demo.chain_orders(47, "+-", 38, 25) == ["a+b-c", "a-c+b", "b+a-c", "b-c+a"]
+    assert demo.chain_orders(47, "+-", 20, 25) == ["a+b-c", "a-c+b", "b+a-c"]  # not 20-25
+    assert demo.chain_orders(90, "--", 38, 25) == ["a-b-c", "a-c-b"]
+    assert len(demo.chain_orders(20, "++", 38, 25)) == 6
+    assert demo.chain_orders(40, "-+", 38, 25) == ["a-b+c", "a+c-b", "c+a-b"]  # not 25-38
+    assert demo.chain_solution(47, "+-", 38, 25, "a-c+b") == \
+        "47-25+38\n47-25\n17-5-0=12\n14-2-0=12\n22+38\n2+8+0=10\n2+3+1=06\n\\boxed{60}"
+    assert demo.chain_solution(47, "+-", 38, 25, "a+b-c") == \
+        "47+38-25\n47+38\n7+8+0=15\n4+3+1=08\n85-25\n15-5-0=10\n18-2-0=16\n\\boxed{60}"
+    # a slip in the first computation is carried: 85 written 86, so the second one works on 86
+    assert demo.chain_solution(47, "+-", 38, 25, "a+b-c", slips=((0, 1), None)) == \
+        "47+38-25\n47+38\n7+8+0=16\n4+3+1=08\n86-25\n16-5-0=11\n18-2-0=16\n\\boxed{61}"
+    for bad in [(47, "-+", 50, 1), (10, "--", 5, 6), (1, "*+", 2, 3), (1, "+", 2, 3), (-1, "++", 2, 3)]:
+        with pytest.raises(ValueError):
+            demo.chain_orders(*bad)
+    with pytest.raises(ValueError, match="order"):
+        demo.chain_solution(47, "+-", 20, 25, "b-c+a")  # 20-25 goes below zero
+    with pytest.raises(ValueError, match="order"):
+        demo.chain_solution(47, "+-", 38, 25, "a+c-b")  # 25 is taken away, not added
+
+
+def test_every_chain_order_is_valid_and_reaches_the_answer():
+    import itertools
+    import random
+    rng = random.Random(11)
+    seen_counts = set()
+    for _ in range(3000):
+        ops = rng.choice(demo.CHAIN_OPS)
+        a, b, c = (rng.randint(0, 120) for _ in range(3))
+        signed = {"a": (1, a), "b": (1 if ops[0] == "+" else -1, b), "c": (1 if ops[1] == "+" else -1, c)}
+        if a + signed["b"][0] * b < 0 or a + signed["b"][0] * b + signed["c"][0] * c < 0:
+            with pytest.raises(ValueError, match="below zero"):
+                demo.chain_orders(a, ops, b, c)
+            continue
+        answer = a + signed["b"][0] * b + signed["c"][0] * c
+        orders = demo.chain_orders(a, ops, b, c)
+        seen_counts.add(len(orders))
+        # independently: the permutations of the signed terms that start with an added term and
+        # stay >= 0 after two of them (after three they give the answer)
+        brute = set()
+        for x, y, z in itertools.permutations("abc"):
+            (sx, vx), (sy, vy), (sz, vz) = signed[x], signed[y], signed[z]
+            if sx > 0 and vx + sy * vy >= 0:
+                assert vx + sy * vy + sz * vz == answer
+                brute.add(f"{x}{'+-'[sy < 0]}{y}{'+-'[sz < 0]}{z}")
+        assert set(orders) == brute and len(orders) == len(brute)
+        assert orders[0] == f"a{ops[0]}b{ops[1]}c"  # the problem's own order is always one
+        for order in orders:
+            sol = demo.chain_solution(a, ops, b, c, order)
+            assert _check_chain_solution(f"{a} {b} {c}", str(answer), sol) == (None, None, answer)
+            assert reward.grade(sol, str(answer))[1]
+    assert seen_counts == {2, 3, 4, 6}
+
+
+def test_chain_rows_are_right_seeded_and_slip_consistently(tmp_path):
+    n = 1500
+    clean, _ = demo.generate_chain_rows(n, 4)
+    slipped, _ = demo.generate_chain_rows(n, 4, slip_prob=0.5)
+    assert [r["problem"] for r in clean] == [r["problem"] for r in slipped]  # problems don't depend on it
+    steps_slipped, orders = 0, {}
+    for row, srow in zip(clean, slipped):
+        a, ops, b, c = _signed_terms(row["problem"])
+        assert int(row["answer"]) == eval(f"{a}{ops[0]}{b}{ops[1]}{c}") >= 0
+        assert _check_chain_solution(row["problem"], row["answer"], row["solution"])[2] == int(row["answer"])
+        s1, s2, boxed = _check_chain_solution(srow["problem"], srow["answer"], srow["solution"])
+        steps_slipped += (s1 is not None) + (s2 is not None)
+        if (s1 is None) != (s2 is None):  # one slip always shows in the box (two may cancel)
+            assert boxed != int(srow["answer"]) and not reward.grade(srow["solution"], srow["answer"])[1]
+        elif s1 is None:
+            assert boxed == int(srow["answer"]) and reward.grade(srow["solution"], srow["answer"])[1]
+        head = srow["solution"].split("\n")[0]
+        orders.setdefault(len(demo.chain_orders(a, ops, b, c)), set()).add(head)
+    rate = steps_slipped / (2 * n)
+    assert abs(rate - 0.5) < 0.05, rate  # ~ slip_prob per step (a few dropped: below zero)
+    assert all(len(heads) > 1 for heads in orders.values())  # orders vary
+    # the order is uniform over the valid ones: 47+38-25 has 4
+    import random
+    rng, n_draws = random.Random(0), 6000
+    drawn = [demo.draw_chain_solution(47, "+-", 38, 25, rng, 0.0)[1] for _ in range(n_draws)]
+    for order in demo.chain_orders(47, "+-", 38, 25):
+        assert abs(drawn.count(order) / n_draws - 1 / 4) < 4 * (3 / 16 / n_draws) ** 0.5, order
+    for d, seed in [("a", 0), ("b", 0), ("c", 1)]:
+        demo.write_chain_data(str(tmp_path / d), seed=seed, n_train=60, n_test=30, n_sft=60)
+    read = lambda d, s: (tmp_path / d / f"{s}.jsonl").read_text()
+    for split in ("train", "test", "sft"):
+        assert read("a", split) == read("b", split) and read("a", split) != read("c", split)
+    with pytest.raises(ValueError, match="slip_prob"):
+        demo.generate_chain_rows(5, 0, slip_prob=-0.1)
+
+
+def test_chain_splits_do_not_overlap_and_rl_rows_carry_no_solution(tmp_path):
+    splits = demo.write_chain_data(str(tmp_path), seed=2, n_train=400, n_test=200, n_sft=800)
+    keys = {}
+    for name, rows in splits.items():
+        keys[name] = {demo.chain_key(*_signed_terms(r["problem"])) for r in rows}
+        assert len(keys[name]) == len(rows)  # distinct inside a split, as arithmetic
+        file_rows = load_problems(str(tmp_path / f"{name}.jsonl"))
+        assert all(("solution" in r) == (name == "sft") for r in file_rows)
+    assert not keys["test"] & keys["train"] and not keys["test"] & keys["sft"]
+    assert not keys["train"] & keys["sft"]
+    # "47+38-25" and "38+47-25" are one key: a swapped copy is no new problem
+    assert demo.chain_key(47, "+-", 38, 25) == demo.chain_key(38, "+-", 47, 25) == \
+        demo.chain_key(47, "-+", 25, 38) == ((38, 47), (25,))
+    assert demo.chain_key(47, "--", 25, 8) != demo.chain_key(47, "-+", 25, 8)

@@ -76,6 +76,19 @@ def test_micro_batches_hold_one_prompt_within_the_token_budget():
     assert len(train.micro_batches(seqs, budget=10**6)) == 3          # one per prompt
 
 
+def test_collate_takes_a_value_only_when_every_sequence_carries_it():
+    # GRPO's reference pass: one prompt's responses split over mini-batches 0 and 1, where only
+    # mini-batch 1's have old log-probs yet (mini-batch 0's come from the update's own forward)
+    seqs = [train.Sequence(0, [5, 6], [7] * n, 0.5, True, torch.zeros(n)) for n in (3, 2, 4)]
+    seqs[0].old_logp, seqs[0].old_entropy = torch.full((3,), -1.0), torch.ones(3)
+    batch = train.collate(seqs, torch.device("cpu"))
+    assert "old_logp" not in batch and "old_entropy" not in batch and batch["rollout_logp"].shape == (3, 4)
+    for s in seqs:
+        s.old_logp = torch.full((len(s.resp),), -2.0)
+    got = train.collate(seqs, torch.device("cpu"))["old_logp"].tolist()
+    assert got == [[-2.0] * 3 + [0.0], [-2.0] * 2 + [0.0] * 2, [-2.0] * 4]
+
+
 @pytest.mark.parametrize("share_prompt", [True, False])
 def test_response_logprobs_match_a_per_sequence_forward(tmp_path, share_prompt):
     """One prompt's padded responses, with or without the shared prompt pass, give the log-probs,

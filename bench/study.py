@@ -1,0 +1,603 @@
+"""The loss study: TEPO against GRPO, Dr.GRPO, DAPO and GSPO on the chain task, with CIs over seeds.
+
+    python bench/study.py run --out runs/study --seeds 0 1 2 3 --steps 150
+    python bench/study.py report --out runs/study --threshold 0.6
+    python bench/study.py run --smoke --out /tmp/smoke && python bench/study.py report --out /tmp/smoke --doc /tmp/R.md
+
+`run` prepares the base model once (`demo.py prepare --task chain`, seeded; cached in OUT/base), then
+trains every (variant, seed) with train.py and configs/study.yaml into OUT/<variant>-s<seed>/, each
+with its own metrics.jsonl. Variants change only the loss (VARIANTS), so every one gets the same
+prompts, samples and optimizer steps per RL step; the seed sets the data order and the sampling, so
+two variants with the same seed see the same prompts (the effects below are paired by seed). DAPO
+keeps its dynamic-sampling filter but draws no extra prompts (max_sampling_tries=1).
+
+A run is finished when its directory holds DONE (written after train.py exits with a complete
+metrics.jsonl); a finished run is never redone. Every other run is started with `--resume`:
+train.py continues from the run's newest checkpoint (save_every) or starts from step 0 when there
+is none, and a resumed run's metrics equal an uninterrupted run's exactly (tests/test_train_e2e.py),
+so killing `run` and starting it again gives the same study. OUT/study.json holds the settings
+the runs were made with; `run` refuses an OUT made with other ones. OUT/<run>/attempts.jsonl
+records each launch: its wall time, its CPU seconds (user + system of the launch and all its
+children, from getrusage; a launch killed together with `run` is not recorded) and the step it
+resumed from.
+
+`report` reads the finished runs and writes, between the `<!-- generated: begin -->` and
+`<!-- generated: end -->` markers of docs/RESULTS.md (the rest of the file, the hypotheses, is
+left as it is): the table per variant, the effect and verdict per claim, the total CPU time and
+the reproducing command; and one plot per metric, docs/study_<metric>.png (mean over seeds, band =
+bootstrap 95% CI of the mean). Statistics (numpy only): a run's summary numbers are computed per
+seed; a CI resamples the seeds with replacement (10,000 resamples, percentile interval); an
+effect between two variants resamples the seeds they share, the same resample for both (paired).
+
+The verdict rule (docs/RESULTS.md's hypotheses, in `verdict`): each claim names the side of a null
+value (0 for a difference, 1 for a ratio) its effect should lie on. *supported* if the 95% CI lies
+entirely on that side, *refuted* if it lies entirely on the other side, otherwise *not separable at
+this scale*. For C1's ratio the report also says whether the CI contains 0.5 ("about half").
+
+`--smoke`: the whole path at toy size for CI (a 20-step pre-training, 2 RL steps, 1 seed, grpo and
+tepo, 8 held-out problems with 4 samples, a checkpoint every step), in a few minutes.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+VARIANTS = {  # name -> train.py overrides
+    "grpo": ["method=grpo"], "drgrpo": ["method=drgrpo"],
+    "dapo": ["method=dapo", "max_sampling_tries=1"], "gspo": ["method=gspo"],
+    "tepo": ["method=tepo"], "tepo-nomask": ["method=tepo", "loss.kl_mask=false"],
+}
+CONFIG = os.path.join(ROOT, "configs", "study.yaml")
+# --smoke: what CI can afford; the defaults of `run` are the study's.
+SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=20, nproc=2,
+             set=["prompts_per_step=4", "group_size=4", "eval_n=4", "eval_max_problems=8",
+                  "eval_every=0", "save_every=1", "keep_last=1", "log_samples_every=0"])
+BOOT = 10_000            # bootstrap resamples
+TRAIL = 10               # trailing window (steps) of the training-batch accuracy and final entropy
+# The per-step curves drawn: key, title, trailing mean window (1: as logged).
+CURVES = [("eval/accuracy", "held-out pass@1 (T=1)", 1),
+          ("eval/pass@32", "held-out pass@32", 1),
+          ("reward/accuracy", f"training-batch accuracy, {TRAIL}-step trailing mean", TRAIL),
+          ("actor/entropy", "policy entropy (nats/token)", 1),
+          ("actor/log_ratio_max", "largest per-token |log pi/pi_old| of the step", 1),
+          ("actor/log_ratio_p999", "99.9th percentile of per-token |log pi/pi_old|", 1),
+          ("actor/kl_old", "KL(pi_old || pi) per token", 1),
+          ("actor/clip_frac_low", "clipped below (share of trained tokens)", 1),
+          ("actor/clip_frac_high", "clipped above (share of trained tokens)", 1),
+          ("actor/kl_mask_frac", "TEPO's KL mask: share of trained tokens", 1),
+          ("response/length_mean", "response length (tokens)", 1)]
+# metrics.jsonl files written before train.py's keys got their group names read the same.
+OLD_NAMES = {"reward": "reward/mean", "accuracy": "reward/accuracy", "entropy": "actor/entropy",
+             "kl_old": "actor/kl_old", "clip_frac_low": "actor/clip_frac_low",
+             "clip_frac_high": "actor/clip_frac_high", "kl_mask_frac": "actor/kl_mask_frac",
+             "eval_accuracy": "eval/accuracy", "response_len": "response/length_mean",
+             "time/step": "timing/step"}
+
+
+# ----------------------------------------------------------------------------------------------
+# run
+
+
+def run_dir(out, variant, seed):
+    return os.path.join(out, f"{variant}-s{seed}")
+
+
+def is_finished(path):
+    return os.path.exists(os.path.join(path, "DONE"))
+
+
+def launch(cmd, log_path, cwd=ROOT):
+    """Run `cmd` with its output appended to `log_path`. -> (return code, wall s, CPU s), the CPU
+    seconds being user + system of the command and every child it waited for (getrusage)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.time()
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        rc = subprocess.run(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT).returncode
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return rc, time.time() - t0, cpu
+
+
+def prepare_base(out, settings):
+    """OUT/base: the chain task's data and the pre-trained model, made once (DONE marks it)."""
+    base = os.path.join(out, "base")
+    if is_finished(base):
+        print(f"[skip] {base}: prepared")
+        return base
+    os.makedirs(base, exist_ok=True)
+    cmd = [sys.executable, os.path.join(ROOT, "demo.py"), "prepare", "--task", "chain", "--out", base,
+           "--seed", str(settings["base_seed"]), "--steps", str(settings["pretrain_steps"]),
+           "--n-eval", str(settings["base_eval"])]
+    print(f"[prepare] {shlex.join(cmd)}", flush=True)
+    rc, wall, cpu = launch(cmd, os.path.join(base, "prepare.log"))
+    if rc != 0:
+        sys.exit(f"demo.py prepare failed (exit {rc}); see {base}/prepare.log")
+    with open(os.path.join(base, "DONE"), "w") as f:
+        json.dump({"wall_s": wall, "cpu_s": cpu}, f)
+    return base
+
+
+def train_cmd(out, variant, seed, settings):
+    """The train.py command of one run (with --resume: a checkpoint in its directory is used)."""
+    base, path = os.path.join(out, "base"), run_dir(out, variant, seed)
+    sets = [f"model={base}/model", f"train_data={base}/data/train.jsonl",
+            f"eval_data={base}/data/test.jsonl", f"out_dir={path}", f"seed={seed}",
+            f"steps={settings['steps']}", *settings["set"], *VARIANTS[variant]]
+    nproc = settings["nproc"]
+    head = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+            if nproc > 1 else [sys.executable])
+    return head + [os.path.join(ROOT, "train.py"), "--config", settings["config"],
+                   *sum((["--set", s] for s in sets), []), "--resume"]
+
+
+def complete(rows, steps):
+    """A metrics.jsonl whose last record is step `steps` with its held-out evaluation."""
+    return bool(rows) and rows[-1].get("step") == steps and "eval/accuracy" in rows[-1]
+
+
+def run_one(out, variant, seed, settings):
+    """Train one (variant, seed) unless it is finished; resume it if it was interrupted."""
+    path = run_dir(out, variant, seed)
+    if is_finished(path):
+        print(f"[skip] {path}: finished")
+        return
+    os.makedirs(path, exist_ok=True)
+    ckpts = sorted(p for p in glob.glob(os.path.join(path, "step_*")) if not p.endswith(".tmp"))
+    resumed = int(ckpts[-1].rsplit("_", 1)[1]) if ckpts else 0
+    cmd = train_cmd(out, variant, seed, settings)
+    print(f"[run] {path}" + (f" (resuming from step {resumed})" if resumed else ""), flush=True)
+    rc, wall, cpu = launch(cmd, os.path.join(path, "train.log"))
+    with open(os.path.join(path, "attempts.jsonl"), "a") as f:
+        f.write(json.dumps({"resumed_from": resumed, "exit": rc, "wall_s": wall, "cpu_s": cpu,
+                            "nproc": settings["nproc"], "at": datetime.datetime.now().isoformat()}) + "\n")
+    if rc != 0 or not complete(read_metrics(path), settings["steps"]):
+        sys.exit(f"{path}: train.py exited {rc} without finishing; see {path}/train.log "
+                 f"(`run` again resumes it)")
+    attempts = read_jsonl(os.path.join(path, "attempts.jsonl"))
+    with open(os.path.join(path, "DONE"), "w") as f:
+        json.dump({"wall_s": sum(a["wall_s"] for a in attempts),
+                   "cpu_s": sum(a["cpu_s"] for a in attempts), "attempts": len(attempts)}, f)
+
+
+def study_settings(args):
+    """The settings every run of an OUT shares (OUT/study.json); seeds and variants may grow."""
+    smoke = args.smoke
+    return {"config": os.path.relpath(os.path.abspath(args.config), ROOT) if args.config.startswith(ROOT)
+            else args.config, "steps": SMOKE["steps"] if smoke else args.steps,
+            "nproc": args.nproc, "set": (SMOKE["set"] if smoke else []) + args.set,
+            "base_seed": args.base_seed,
+            "pretrain_steps": SMOKE["pretrain_steps"] if smoke else args.pretrain_steps,
+            "base_eval": 16 if smoke else args.base_eval, "smoke": smoke}
+
+
+def cmd_run(args):
+    settings = study_settings(args)
+    os.makedirs(args.out, exist_ok=True)
+    saved = os.path.join(args.out, "study.json")
+    if os.path.exists(saved):
+        with open(saved) as f:
+            old = json.load(f)
+        if old != settings:
+            diff = {k: (old.get(k), settings.get(k)) for k in set(old) | set(settings) if old.get(k) != settings.get(k)}
+            sys.exit(f"{args.out} holds runs made with other settings (was, now): {diff}; "
+                     f"use another --out")
+    else:
+        with open(saved, "w") as f:
+            json.dump(settings, f, indent=1)
+    settings["config"] = os.path.join(ROOT, settings["config"]) if not os.path.isabs(settings["config"]) \
+        else settings["config"]
+    seeds = SMOKE["seeds"] if args.smoke else args.seeds
+    variants = SMOKE["variants"] if args.smoke else args.variants
+    prepare_base(args.out, settings)
+    t0 = time.time()
+    for seed in seeds:  # seed by seed: a study stopped part-way holds complete pairs
+        for variant in variants:
+            run_one(args.out, variant, seed, settings)
+    print(f"all {len(variants) * len(seeds)} runs finished ({time.time() - t0:.0f}s in this call)")
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+def bootstrap_ci(values, stat=np.mean, n_boot=BOOT, seed=0, level=0.95):
+    """Percentile bootstrap CI of stat(values) over resamples of the values (seeds) with
+    replacement. -> (point estimate, low, high); NaNs when there are no values."""
+    x = np.asarray(values, dtype=float)
+    if len(x) == 0:
+        return (np.nan,) * 3
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    boots = stat(x[idx], axis=1)
+    lo, hi = np.percentile(boots, [50 * (1 - level), 50 * (1 + level)])
+    return float(stat(x[None, :], axis=1)[0]), float(lo), float(hi)
+
+
+def paired_effect(x, y, kind="diff", n_boot=BOOT, seed=0, level=0.95):
+    """Effect of variant x over variant y from per-seed values paired by seed (equal length):
+    "diff" mean(x) - mean(y), "ratio" mean(x) / mean(y); each resample draws seeds with
+    replacement and takes the same seeds for both. -> (effect, low, high)"""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) != len(y):
+        raise ValueError(f"paired values need equal lengths, got {len(x)} and {len(y)}")
+    if len(x) == 0:
+        return (np.nan,) * 3
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    f = (lambda a, b: a.mean(-1) - b.mean(-1)) if kind == "diff" else (lambda a, b: a.mean(-1) / b.mean(-1))
+    boots = f(x[idx], y[idx])
+    lo, hi = np.percentile(boots, [50 * (1 - level), 50 * (1 + level)])
+    return float(f(x, y)), float(lo), float(hi)
+
+
+def verdict(lo, hi, null, side):
+    """The claim says the effect lies `side` ("above" or "below") of `null`. supported: the CI
+    [lo, hi] lies entirely on that side; refuted: entirely on the other; else not separable."""
+    if side not in ("above", "below"):
+        raise ValueError(f"side must be 'above' or 'below', got {side!r}")
+    if np.isnan(lo) or np.isnan(hi):
+        return "no data"
+    above, below = lo > null, hi < null
+    if (above and side == "above") or (below and side == "below"):
+        return "supported"
+    if above or below:
+        return "refuted"
+    return "not separable at this scale"
+
+
+def band(matrix, n_boot=BOOT, seed=0):
+    """Mean over seeds and the bootstrap 95% band of the mean, per column of a (seeds, steps)
+    matrix. -> (mean, low, high), each (steps,)"""
+    m = np.asarray(matrix, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, m.shape[0], size=(n_boot, m.shape[0]))
+    boots = m[idx].mean(axis=1)  # (n_boot, steps)
+    lo, hi = np.percentile(boots, [2.5, 97.5], axis=0)
+    return m.mean(axis=0), lo, hi
+
+
+# ----------------------------------------------------------------------------------------------
+# per-run numbers
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_metrics(path):
+    """A run's metrics.jsonl, keys under their grouped names (OLD_NAMES)."""
+    return [{OLD_NAMES.get(k, k): v for k, v in r.items()} for r in read_jsonl(os.path.join(path, "metrics.jsonl"))]
+
+
+def series(rows, key, window=1):
+    """{step: value} of `key`, as a trailing mean over `window` logged values when window > 1."""
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    if window > 1:
+        vals = [v for _, v in pts]
+        pts = [(s, float(np.mean(vals[max(0, i - window + 1):i + 1]))) for i, (s, _) in enumerate(pts)]
+    return dict(pts)
+
+
+def steps_to(rows, key, threshold, window, steps):
+    """First step at which `key` (trailing mean over `window`) reaches `threshold`; a run that never
+    does counts as its length `steps` (a lower bound). -> (steps, reached)"""
+    for s, v in sorted(series(rows, key, window).items()):
+        if s > 0 and v >= threshold:  # step 0 is the held-out evaluation before RL
+            return s, True
+    return steps, False
+
+
+def run_summary(rows, steps, threshold):
+    """The numbers of one run the tables and claims read. -> {name: float} (NaN when not logged)"""
+    evals = [r for r in rows if r.get("eval/accuracy") is not None]
+    last, first = (evals[-1] if evals else {}), (evals[0] if evals else {})
+    per_step = [r for r in rows if r.get("step", 0) > 0]
+
+    def over(key, f):
+        vals = [r[key] for r in per_step if r.get(key) is not None]
+        return float(f(vals)) if vals else np.nan
+    ent = [r["actor/entropy"] for r in per_step if r.get("actor/entropy") is not None]
+    out = {"pass@1_start": first.get("eval/accuracy", np.nan), "pass@1": last.get("eval/accuracy", np.nan),
+           "entropy_final": float(np.mean(ent[-TRAIL:])) if ent else np.nan,
+           "entropy_min": over("actor/entropy", min),
+           "log_ratio_max": over("actor/log_ratio_max", max),
+           "log_ratio_p999": over("actor/log_ratio_p999", max),
+           "kl_old": over("actor/kl_old", np.mean),
+           "clip_frac_low": over("actor/clip_frac_low", np.mean),
+           "clip_frac_high": over("actor/clip_frac_high", np.mean),
+           "s_per_step": over("timing/step", np.mean)}
+    for key, val in last.items():
+        if key.startswith("eval/pass@"):
+            out[key[5:]] = val          # "pass@k" at the end
+    for key, val in first.items():
+        if key.startswith("eval/pass@"):
+            out[key[5:] + "_start"] = val
+    out["steps_to_thr"], out["reached"] = steps_to(rows, "reward/accuracy", threshold, TRAIL, steps)
+    out["steps_to_thr_eval"], out["reached_eval"] = steps_to(rows, "eval/accuracy", threshold, 1, steps)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+# The claims of docs/RESULTS.md: (id, what, variant, baseline, summary key, effect kind, side of null)
+CLAIMS = [
+    ("C1", "steps to threshold, TEPO / GRPO", "tepo", "grpo", "steps_to_thr", "ratio", "below"),
+    ("C1", "steps to threshold, TEPO / DAPO", "tepo", "dapo", "steps_to_thr", "ratio", "below"),
+    ("C2", "final entropy, TEPO - GRPO", "tepo", "grpo", "entropy_final", "diff", "above"),
+    ("C2", "final entropy, TEPO - DAPO", "tepo", "dapo", "entropy_final", "diff", "above"),
+    ("C2", "final entropy, TEPO - TEPO without mask", "tepo", "tepo-nomask", "entropy_final", "diff", "above"),
+    ("C2", "final pass@32, TEPO - GRPO", "tepo", "grpo", "pass@32", "diff", "above"),
+    ("C2", "final pass@32, TEPO - DAPO", "tepo", "dapo", "pass@32", "diff", "above"),
+    ("C2", "final pass@32, TEPO - TEPO without mask", "tepo", "tepo-nomask", "pass@32", "diff", "above"),
+    ("C3", "run's largest p99.9 |log r|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below"),
+    ("C3", "run's largest max |log r|, TEPO - GSPO (supplementary)", "tepo", "gspo", "log_ratio_max", "diff", "below"),
+]
+
+
+def load_study(out):
+    """{variant: {seed: rows}} of the finished runs in OUT, and the study's settings."""
+    with open(os.path.join(out, "study.json")) as f:
+        settings = json.load(f)
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(out, "*-s*"))):
+        m = re.fullmatch(r"(.+)-s(\d+)", os.path.basename(path))
+        if m and m[1] in VARIANTS and is_finished(path):
+            runs.setdefault(m[1], {})[int(m[2])] = read_metrics(path)
+    order = list(VARIANTS)
+    return {v: runs[v] for v in sorted(runs, key=order.index)}, settings
+
+
+def claims_table(summaries):
+    """One row per claim present in the data: effect, CI, verdict, seeds, per-seed values."""
+    rows = []
+    for cid, what, a, b, key, kind, side in CLAIMS:
+        if a not in summaries or b not in summaries:
+            continue
+        seeds = sorted(set(summaries[a]) & set(summaries[b]))
+        x = [summaries[a][s].get(key, np.nan) for s in seeds]
+        y = [summaries[b][s].get(key, np.nan) for s in seeds]
+        effect, lo, hi = paired_effect(x, y, kind)
+        null = 1.0 if kind == "ratio" else 0.0
+        v = verdict(lo, hi, null, side)
+        if len(seeds) < 2 and v != "no data":
+            v = "no CI from one seed"
+        note = ""
+        if kind == "ratio" and not np.isnan(lo):
+            note = "CI contains 0.5" if lo <= 0.5 <= hi else "CI excludes 0.5"
+        rows.append({"id": cid, "what": what, "effect": effect, "lo": lo, "hi": hi, "verdict": v,
+                     "seeds": seeds, "x": x, "y": y, "kind": kind, "side": side, "null": null, "note": note})
+    return rows
+
+
+def fmt(est, lo, hi, digits=3):
+    if np.isnan(est):
+        return "–"
+    return f"{est:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def machine():
+    cpu = "?"
+    if os.path.exists("/proc/cpuinfo"):
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?")
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+
+
+def cpu_totals(out, runs):
+    """(CPU seconds, wall seconds) of the base preparation and every launch of the finished runs."""
+    cpu = wall = 0.0
+    base = os.path.join(out, "base", "DONE")
+    if os.path.exists(base):
+        with open(base) as f:
+            b = json.load(f)
+        cpu, wall = cpu + b["cpu_s"], wall + b["wall_s"]
+    for variant, seeds in runs.items():
+        for seed in seeds:
+            for a in read_jsonl(os.path.join(run_dir(out, variant, seed), "attempts.jsonl")):
+                cpu, wall = cpu + a["cpu_s"], wall + a["wall_s"]
+    return cpu, wall
+
+
+def plot_curves(runs, docs_dir, threshold=None):
+    """docs/study_<metric>.png per CURVES key logged by some run (the accuracies with the
+    steps-to-threshold line), and study_pass_at_k.png (final and initial held-out pass@k against
+    k); other docs/study_*.png are removed. -> file names"""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    written = []
+    for key, title, window in CURVES:
+        fig, ax, drawn = *plt.subplots(figsize=(7, 4.5)), False
+        for variant, seeds in runs.items():
+            per_seed = [series(rows, key, window) for rows in seeds.values()]
+            steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+            if not steps:
+                continue
+            mean, lo, hi = band([[d[s] for s in steps] for d in per_seed])
+            line, = ax.plot(steps, mean, label=f"{variant} ({len(per_seed)})", marker="o" if len(steps) < 12 else None)
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15)
+            drawn = True
+        if drawn:
+            if threshold is not None and key in ("reward/accuracy", "eval/accuracy"):
+                ax.axhline(threshold, color="gray", ls="--", lw=1)
+            ax.set_title(f"{title}\nmean over seeds, band = bootstrap 95% CI", fontsize=10)
+            ax.set_xlabel("RL step")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            name = "study_" + re.sub(r"[^a-z0-9]+", "_", key.lower().replace("@", "")).strip("_") + ".png"
+            fig.savefig(os.path.join(docs_dir, name), dpi=90)
+            written.append(name)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant, seeds in runs.items():
+        ends = [[r for r in rows if r.get("eval/accuracy") is not None] for rows in seeds.values()]
+        ks = sorted({int(k[10:]) for e in ends if e for k in e[-1] if k.startswith("eval/pass@")})
+        ks = [k for k in ks if all(e and f"eval/pass@{k}" in e[-1] for e in ends)]
+        if not ks:
+            continue
+        mean, lo, hi = band([[e[-1][f"eval/pass@{k}"] for k in ks] for e in ends])
+        line, = ax.plot(ks, mean, marker="o", label=f"{variant}, step {ends[0][-1]['step']}")
+        ax.fill_between(ks, lo, hi, color=line.get_color(), alpha=0.15)
+        start, _, _ = band([[e[0][f"eval/pass@{k}"] for k in ks] for e in ends])
+        ax.plot(ks, start, ls=":", color=line.get_color(), alpha=0.6)
+    if ax.lines:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("k")
+        ax.set_title("held-out pass@k at the end (solid) and before RL (dotted)\n"
+                     "mean over seeds, band = bootstrap 95% CI", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(docs_dir, "study_pass_at_k.png"), dpi=90)
+        written.append("study_pass_at_k.png")
+    plt.close(fig)
+    for stale in glob.glob(os.path.join(docs_dir, "study_*.png")):
+        if os.path.basename(stale) not in written:
+            os.remove(stale)
+    return written
+
+
+def report_lines(out, runs, settings, threshold, pngs, command):
+    """The generated part of docs/RESULTS.md, as lines."""
+    summaries = {v: {s: run_summary(rows, settings["steps"], threshold) for s, rows in seeds.items()}
+                 for v, seeds in runs.items()}
+    cpu, wall = cpu_totals(out, runs)
+    n_runs = sum(len(s) for s in runs.values())
+    base_log = os.path.join(out, "base", "prepare.log")
+    base_acc = re.findall(r"held-out accuracy at T=(\S+): (\S+) on (\d+) problems",
+                          open(base_log).read() if os.path.exists(base_log) else "")
+    base = (f"; the pre-trained model ({settings['pretrain_steps']} steps of demo.py prepare --task chain) is "
+            f"right {' and '.join(f'{acc} at T={t}' for t, acc, _ in base_acc)} on {base_acc[0][2]} held-out "
+            f"problems" if base_acc else "")
+    L = [f"Generated by `bench/study.py report` on {datetime.date.today()} from {n_runs} finished runs "
+         f"({', '.join(f'{v}: {len(s)} seeds' for v, s in runs.items())}); machine: {machine()}.", "",
+         f"Reproduce: `{command}`", "",
+         f"Total CPU time: {cpu / 3600:.2f} CPU-hours, measured (user + system seconds of every launch "
+         f"and its children, getrusage; base preparation included), in {wall / 3600:.2f} h of wall "
+         f"time summed over launches, {settings['nproc']} process(es) per run.", "",
+         f"Setting: {settings['config']} with {settings['set'] or 'no overrides'}, {settings['steps']} RL "
+         f"steps{base}. Each number is the mean over seeds with its bootstrap 95% CI [low, high] "
+         f"({BOOT:,} resamples of the seeds).", "",
+         "### Per variant: accuracy and speed", "",
+         f"| variant | seeds | held-out pass@1: start → end | held-out pass@32: start → end | steps to "
+         f"{threshold:.0%}, training batch ({TRAIL}-step mean) | steps to {threshold:.0%}, held-out | s/step |",
+         "|---|---|---|---|---|---|---|"]
+    stability = ["", "### Per variant: entropy and the size of the updates", "",
+                 "| variant | final entropy (last 10 steps) | min entropy | max \\|log r\\| over the run "
+                 "| max p99.9 \\|log r\\| over the run | mean kl_old | mean clipped low / high |",
+                 "|---|---|---|---|---|---|---|"]
+    for v, per_seed in summaries.items():
+        vals = lambda key: [s.get(key, np.nan) for s in per_seed.values()]  # noqa: E731
+        ci = lambda key, d=3: fmt(*bootstrap_ci(vals(key)), digits=d)  # noqa: E731
+        reached = sum(s["reached"] for s in per_seed.values())
+        reached_eval = sum(s["reached_eval"] for s in per_seed.values())
+        n = len(per_seed)
+        start = lambda key: "–" if np.isnan(np.mean(vals(key))) else f"{np.mean(vals(key)):.3f}"  # noqa: E731
+        L.append(f"| {v} | {n} | {start('pass@1_start')} → {ci('pass@1')} | "
+                 f"{start('pass@32_start')} → {ci('pass@32')} | "
+                 f"{ci('steps_to_thr', 0)} ({reached}/{n} reached) | {ci('steps_to_thr_eval', 0)} "
+                 f"({reached_eval}/{n}) | {np.mean(vals('s_per_step')):.2f} |")
+        stability.append(f"| {v} | {ci('entropy_final', 4)} | {ci('entropy_min', 4)} | {ci('log_ratio_max')} | "
+                         f"{ci('log_ratio_p999')} | {ci('kl_old', 5)} | {np.mean(vals('clip_frac_low')):.3f} / "
+                         f"{np.mean(vals('clip_frac_high')):.3f} |")
+    L += stability
+    ks = sorted({int(k[5:]) for ps in summaries.values() for s in ps.values() for k in s
+                 if re.fullmatch(r"pass@\d+", k)})
+    if ks:
+        L += ["", "### Held-out pass@k at the end", "",
+              "| variant | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        for v, per_seed in summaries.items():
+            L.append(f"| {v} | " + " | ".join(fmt(*bootstrap_ci([s.get(f"pass@{k}", np.nan) for s in per_seed.values()]))
+                                               for k in ks) + " |")
+    L += ["", "### The claims", "",
+          "Effect: a difference of means (TEPO minus the other) or a ratio of means (TEPO over the "
+          "other), paired by seed. Verdict: *supported* if the 95% CI lies on the claimed side of the "
+          "null (0 for a difference, 1 for a ratio), *refuted* if it lies on the other side, else "
+          "*not separable at this scale*. A run that never reaches the threshold counts as its length.", "",
+          "| claim | effect | claimed | estimate [95% CI] | verdict | per seed (TEPO; other) |", "|---|---|---|---|---|---|"]
+    for c in claims_table(summaries):
+        claimed = f"{'<' if c['side'] == 'below' else '>'} {c['null']:g}"
+        per = "; ".join(f"s{s}: {x:.4g}, {y:.4g}" for s, x, y in zip(c["seeds"], c["x"], c["y"]))
+        note = f" ({c['note']})" if c["note"] else ""
+        L.append(f"| {c['id']} | {c['what'].replace('|', chr(92) + '|')} | {claimed} | {fmt(c['effect'], c['lo'], c['hi'])} | "
+                 f"**{c['verdict']}**{note} | {per} |")
+    L += ["", *[f"![{p}]({p})" for p in pngs]]
+    return L
+
+
+def write_generated(doc, lines):
+    """Replace what lies between the generated markers of `doc` with `lines`."""
+    begin, end = "<!-- generated: begin -->", "<!-- generated: end -->"
+    with open(doc) as f:
+        text = f.read()
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        sys.exit(f"{doc} needs one '{begin}' line followed by one '{end}' line")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    with open(doc, "w") as f:
+        f.write(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail)
+
+
+def cmd_report(args):
+    runs, settings = load_study(args.out)
+    if not runs:
+        sys.exit(f"no finished runs in {args.out}")
+    docs_dir = os.path.dirname(os.path.abspath(args.doc))
+    pngs = plot_curves(runs, docs_dir, args.threshold)
+    seeds = sorted({s for v in runs.values() for s in v})
+    run_args = (["--smoke"] if settings["smoke"] else
+                ["--seeds", *map(str, seeds), "--steps", str(settings["steps"]),
+                 "--variants", *runs, "--nproc", str(settings["nproc"]),
+                 "--pretrain-steps", str(settings["pretrain_steps"]), "--base-seed", str(settings["base_seed"]),
+                 *sum((["--set", s] for s in settings["set"]), [])])
+    command = (f"python bench/study.py run --out {args.out} {shlex.join(run_args)} && "
+               f"python bench/study.py report --out {args.out} --threshold {args.threshold:g}")
+    lines = report_lines(args.out, runs, settings, args.threshold, pngs, command)
+    write_generated(args.doc, lines)
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="prepare the base model, train every (variant, seed)")
+    r.add_argument("--out", default=os.path.join(ROOT, "runs", "study"))
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    r.add_argument("--steps", type=int, default=150)
+    r.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    r.add_argument("--nproc", type=int, default=2,
+                   help="processes per run (torchrun; 1: plain python train.py)")
+    r.add_argument("--config", default=CONFIG)
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="train.py overrides for every run")
+    r.add_argument("--base-seed", type=int, default=0, help="seed of the task data and pre-training")
+    r.add_argument("--pretrain-steps", type=int, default=800)
+    r.add_argument("--base-eval", type=int, default=500, help="held-out problems demo.py measures")
+    r.add_argument("--smoke", action="store_true", help="toy size for CI (SMOKE)")
+    p = sub.add_parser("report", help="tables, verdicts and plots from the finished runs")
+    p.add_argument("--out", default=os.path.join(ROOT, "runs", "study"))
+    p.add_argument("--threshold", type=float, default=0.6, help="accuracy of the steps-to-threshold measure")
+    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "RESULTS.md"),
+                   help="rewritten between its generated markers; plots go to its directory")
+    args = ap.parse_args(argv)
+    (cmd_run if args.cmd == "run" else cmd_report)(args)
+
+
+if __name__ == "__main__":
+    main()

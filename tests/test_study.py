@@ -1,0 +1,311 @@
+"""bench/study.py: the statistics and verdicts on values whose answer is known, the report on
+synthetic metrics files, and the smoke study end to end (run, skip a finished run, resume a run
+killed mid-way, report)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import study  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+
+
+def test_bootstrap_ci_of_a_mean():
+    rng = np.random.default_rng(0)
+    x = rng.normal(10.0, 2.0, size=200)
+    est, lo, hi = study.bootstrap_ci(x)
+    assert est == pytest.approx(x.mean())
+    se = x.std(ddof=1) / np.sqrt(len(x))  # a CLT interval: the percentile one is close to it
+    assert lo == pytest.approx(est - 1.96 * se, abs=0.25 * se) and hi == pytest.approx(est + 1.96 * se, abs=0.25 * se)
+    assert study.bootstrap_ci([3.0, 3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)  # no spread, no width
+    assert study.bootstrap_ci([1.0, 2.0]) == study.bootstrap_ci([1.0, 2.0])  # seeded: reproducible
+    assert all(np.isnan(v) for v in study.bootstrap_ci([]))
+
+
+def test_paired_effect_resamples_the_seeds_jointly():
+    # each seed shifts both variants alike: a paired effect sees the +1 through the seed noise
+    seeds = np.array([0.0, 5.0, 10.0, 15.0])
+    x, y = seeds + 1.0, seeds
+    effect, lo, hi = study.paired_effect(x, y, "diff")
+    assert (effect, lo, hi) == pytest.approx((1.0, 1.0, 1.0))
+    effect, lo, hi = study.paired_effect([50, 60, 40, 50], [100, 120, 80, 100], "ratio")
+    assert (effect, lo, hi) == pytest.approx((0.5, 0.5, 0.5))
+    with pytest.raises(ValueError):
+        study.paired_effect([1, 2], [1, 2, 3])
+
+
+@pytest.mark.parametrize("x, y, kind, null, side, want", [
+    # clearly separated, in the claimed direction
+    ([0.30, 0.31, 0.29, 0.30], [0.10, 0.12, 0.11, 0.10], "diff", 0.0, "above", "supported"),
+    ([50, 60, 55, 45], [100, 110, 120, 95], "ratio", 1.0, "below", "supported"),
+    # identical: the effect is 0 (ratio 1) and so is its CI: nothing told apart
+    ([0.2, 0.3, 0.25, 0.2], [0.2, 0.3, 0.25, 0.2], "diff", 0.0, "above", "not separable at this scale"),
+    ([80, 90, 100, 70], [80, 90, 100, 70], "ratio", 1.0, "below", "not separable at this scale"),
+    # overlapping noise
+    ([0.2, 0.4, 0.1, 0.3], [0.3, 0.2, 0.35, 0.15], "diff", 0.0, "above", "not separable at this scale"),
+    # reversed: clearly on the other side
+    ([0.10, 0.12, 0.11, 0.10], [0.30, 0.31, 0.29, 0.30], "diff", 0.0, "above", "refuted"),
+    ([150, 140, 150, 145], [100, 110, 120, 95], "ratio", 1.0, "below", "refuted"),
+    ([0.5, 0.6, 0.55, 0.5], [0.1, 0.2, 0.15, 0.1], "diff", 0.0, "below", "refuted"),
+])
+def test_verdict_on_known_answers(x, y, kind, null, side, want):
+    _, lo, hi = study.paired_effect(x, y, kind)
+    assert study.verdict(lo, hi, null, side) == want
+
+
+def test_verdict_rule_at_its_edges():
+    assert study.verdict(0.1, 0.2, 0.0, "above") == "supported"
+    assert study.verdict(0.0, 0.2, 0.0, "above") == "not separable at this scale"  # touching the null
+    assert study.verdict(-0.2, -0.1, 0.0, "above") == "refuted"
+    assert study.verdict(0.4, 0.9, 1.0, "below") == "supported"
+    assert study.verdict(1.1, 1.3, 1.0, "below") == "refuted"
+    assert study.verdict(float("nan"), float("nan"), 0.0, "above") == "no data"
+    with pytest.raises(ValueError):
+        study.verdict(0, 1, 0, "sideways")
+
+
+def test_claims_table_pairs_by_seed_and_says_whether_half_is_in_the_ci():
+    def summ(steps, ent):
+        return {s: {"steps_to_thr": st, "entropy_final": e} for s, (st, e) in enumerate(zip(steps, ent))}
+    summaries = {"tepo": summ([50, 60, 40, 50], [0.3, 0.3, 0.3, 0.3]),
+                 "grpo": summ([100, 120, 80, 100], [0.3, 0.3, 0.3, 0.3]),
+                 "dapo": {**summ([60, 60, 60], [0.1, 0.1, 0.1]), 7: {"steps_to_thr": 1, "entropy_final": 9}}}
+    rows = {c["what"]: c for c in study.claims_table(summaries)}
+    half = rows["steps to threshold, TEPO / GRPO"]
+    assert (half["effect"], half["verdict"], half["note"]) == (0.5, "supported", "CI contains 0.5")
+    same = rows["final entropy, TEPO - GRPO"]
+    assert same["verdict"] == "not separable at this scale" and same["effect"] == 0
+    dapo = rows["steps to threshold, TEPO / DAPO"]
+    assert dapo["seeds"] == [0, 1, 2]  # seed 7 of DAPO has no TEPO partner: left out
+    assert dapo["effect"] == pytest.approx(50 / 60) and dapo["note"] == "CI excludes 0.5"
+    assert not any("GSPO" in w or "mask" in w for w in rows)  # no variant, no claim row
+    assert rows["final pass@32, TEPO - GRPO"]["verdict"] == "no data"  # not logged
+    one = study.claims_table({"tepo": summ([50], [0.3]), "grpo": summ([100], [0.1])})
+    assert {c["verdict"] for c in one} == {"no CI from one seed", "no data"}  # no spread to tell
+
+
+def test_band_is_the_mean_with_a_bootstrap_interval():
+    m = np.array([[0.0, 1.0, 2.0], [2.0, 1.0, 4.0], [1.0, 1.0, 3.0], [1.0, 1.0, 3.0]])
+    mean, lo, hi = study.band(m)
+    assert mean.tolist() == [1.0, 1.0, 3.0]
+    assert lo[1] == hi[1] == 1.0  # no spread over seeds at that step
+    assert (lo <= mean).all() and (mean <= hi).all() and lo[0] < 1.0 < hi[0]
+    assert lo[0] >= 0.0 and hi[0] <= 2.0  # a mean of resampled seeds stays within their range
+
+
+# ---------------------------------------------------------------------------------------------
+# per-run numbers and the report, on synthetic metrics files
+
+
+def fake_run(path, *, steps, speed, entropy_end, p999, seed, pass32_end=0.8, old_names=False):
+    """A metrics.jsonl like train.py's: accuracy rising at `speed` per step, entropy falling to
+    `entropy_end`, eval every 5 steps with pass@k, k = 1..32; plus the runner's DONE."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(path, exist_ok=True)
+    rows = []
+    for step in range(steps + 1):
+        acc = min(0.95, 0.3 + speed * step)
+        r = {"step": step}
+        if step > 0:
+            r.update({"reward/mean": acc, "reward/accuracy": acc + rng.normal(0, 0.01),
+                      "actor/entropy": 0.5 + (entropy_end - 0.5) * step / steps,
+                      "actor/log_ratio_max": 2 * p999, "actor/log_ratio_p999": p999 * (0.5 + step / (2 * steps)),
+                      "actor/kl_old": 1e-4, "actor/clip_frac_low": 0.01, "actor/clip_frac_high": 0.02,
+                      "actor/kl_mask_frac": 0.1, "response/length_mean": 70.0, "timing/step": 1.5})
+        if step % 5 == 0 or step == steps:
+            r["eval/accuracy"] = acc
+            for k in (1, 2, 4, 8, 16, 32):
+                end = pass32_end if k == 32 else min(1.0, acc + 0.01 * k)
+                r[f"eval/pass@{k}"] = acc if k == 1 else end if step == steps else min(1.0, acc + 0.02 * k)
+        rows.append(r)
+    if old_names:  # the names before the grouping: the report reads those too
+        back = {new: old for old, new in study.OLD_NAMES.items()}
+        rows = [{back.get(k, k): v for k, v in r.items()} for r in rows]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(os.path.join(path, "attempts.jsonl"), "w") as f:
+        f.write(json.dumps({"resumed_from": 0, "exit": 0, "wall_s": 100.0, "cpu_s": 180.0}) + "\n")
+    open(os.path.join(path, "DONE"), "w").write("{}")
+
+
+@pytest.fixture()
+def synthetic_study(tmp_path):
+    """TEPO twice as fast as GRPO and DAPO, higher entropy than all, a smaller log-ratio tail than
+    GSPO; tepo-nomask like TEPO except for the entropy. 4 seeds, 40 steps."""
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "study.json").write_text(json.dumps({"config": "configs/study.yaml", "steps": 40, "nproc": 1,
+                                                "set": [], "base_seed": 0, "pretrain_steps": 800,
+                                                "base_eval": 500, "smoke": False}))
+    spec = {"grpo": (0.01, 0.10, 0.5), "dapo": (0.01, 0.12, 0.5), "drgrpo": (0.01, 0.1, 0.5),
+            "gspo": (0.015, 0.1, 2.0), "tepo": (0.02, 0.3, 0.4), "tepo-nomask": (0.02, 0.1, 0.4)}
+    for variant, (speed, ent, p999) in spec.items():
+        for seed in range(4):
+            fake_run(str(out / f"{variant}-s{seed}"), steps=40, speed=speed * (1 + 0.02 * seed),
+                     entropy_end=ent + 0.005 * seed, p999=p999 * (1 + 0.05 * seed), seed=seed,
+                     pass32_end=0.8 if variant != "tepo" else 0.8 + 0.01 * (-1) ** seed,
+                     old_names=variant == "drgrpo")
+    (out / "base").mkdir()
+    (out / "base" / "DONE").write_text(json.dumps({"wall_s": 50.0, "cpu_s": 90.0}))
+    os.makedirs(out / "grpo-s9")  # an unfinished run (no DONE): left out of the report
+    (out / "grpo-s9" / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.0}) + "\n")
+    return out
+
+
+def test_run_summary_reads_the_measures_of_the_hypotheses(synthetic_study):
+    rows = study.read_metrics(str(synthetic_study / "tepo-s0"))
+    s = study.run_summary(rows, 40, threshold=0.6)
+    # accuracy 0.3 + 0.02 step: the mean of steps s-9..s is 0.3 + 0.02 (s - 4.5), 0.6 at s = 19.5
+    assert s["steps_to_thr"] == 20 and s["reached"]
+    assert s["steps_to_thr_eval"] == 15 and s["reached_eval"]  # eval every 5: 0.3 + 0.3 at step 15
+    assert s["pass@1_start"] == pytest.approx(0.3) and s["pass@32"] == pytest.approx(0.81)
+    assert s["entropy_final"] == pytest.approx(np.mean([0.5 - 0.2 * t / 40 for t in range(31, 41)]))
+    assert s["log_ratio_p999"] == pytest.approx(0.4) and s["log_ratio_max"] == pytest.approx(0.8)
+    slow = study.run_summary(study.read_metrics(str(synthetic_study / "grpo-s0")), 40, threshold=0.9)
+    assert (slow["steps_to_thr"], slow["reached"]) == (40, False)  # never: counts as the run's length
+    old = study.run_summary(study.read_metrics(str(synthetic_study / "drgrpo-s0")), 40, threshold=0.6)
+    assert old["steps_to_thr"] > 0 and not np.isnan(old["entropy_final"])  # the old key names
+
+
+def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_path):
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir()
+    hand = "# Results\n\n<!-- hypotheses -->\nHand-written hypotheses.\n\n"
+    doc.write_text(hand + "<!-- generated: begin -->\nold text\n<!-- generated: end -->\n\nA footer.\n")
+    (doc.parent / "study_old_metric.png").write_bytes(b"stale")
+    study.main(["report", "--out", str(synthetic_study), "--threshold", "0.6", "--doc", str(doc)])
+    text = doc.read_text()
+    assert text.startswith(hand) and text.endswith("<!-- generated: end -->\n\nA footer.\n")
+    assert "old text" not in text
+    claims = {}
+    for line in text.splitlines():
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)]
+        if len(cells) > 6 and cells[1] in ("C1", "C2", "C3"):
+            claims[cells[2]] = cells
+    v = {what: cells[5] for what, cells in claims.items()}
+    # the trailing mean reaches 0.6 at step ~20 for TEPO and ~35 for GRPO: faster, not half
+    assert v["steps to threshold, TEPO / GRPO"] == "**supported** (CI excludes 0.5)"
+    assert v["final entropy, TEPO - GRPO"] == v["final entropy, TEPO - TEPO without mask"] == "**supported**"
+    assert v["run's largest p99.9 |log r|, TEPO - GSPO"] == "**supported**"
+    assert v["final pass@32, TEPO - GRPO"] == "**not separable at this scale**"  # 0.8 vs 0.8 +- 0.01
+    assert claims["steps to threshold, TEPO / GRPO"][4].startswith("0.5")  # 19.5 / 34.25
+    assert "grpo: 4 seeds" in text and "grpo-s9" not in text  # the unfinished run is left out
+    assert "CPU-hours, measured" in text
+    cpu_hours = (24 * 180 + 90) / 3600
+    assert f"Total CPU time: {cpu_hours:.2f} CPU-hours" in text
+    assert "python bench/study.py run --out" in text and "--threshold 0.6" in text
+    pngs = sorted(p.name for p in doc.parent.glob("study_*.png"))
+    assert "study_old_metric.png" not in pngs  # stale plots go
+    for name in ["study_eval_accuracy.png", "study_eval_pass32.png", "study_actor_entropy.png",
+                 "study_actor_log_ratio_p999.png", "study_reward_accuracy.png", "study_pass_at_k.png"]:
+        assert name in pngs and (doc.parent / name).stat().st_size > 10_000
+        assert f"![{name}]({name})" in text
+    # the pass@k table holds every k at the end, with a CI
+    table = text.split("### Held-out pass@k at the end")[1]
+    row = next(ln for ln in table.splitlines() if ln.startswith("| tepo | "))
+    assert row.count("[") == 6
+    # a second report leaves the hand-written part as it is and rewrites the generated one alike
+    study.main(["report", "--out", str(synthetic_study), "--threshold", "0.6", "--doc", str(doc)])
+    again = doc.read_text()
+    assert again.startswith(hand) and again.count("<!-- generated: begin -->") == 1
+    assert again.split("<!-- generated: begin -->")[1].split("\n", 2)[2] == text.split("<!-- generated: begin -->")[1].split("\n", 2)[2]
+
+
+def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
+    runs, _ = study.load_study(str(synthetic_study))
+    assert list(runs) == list(study.VARIANTS) and sorted(runs["grpo"]) == [0, 1, 2, 3]
+    pngs = study.plot_curves(runs, str(tmp_path))
+    assert "study_pass_at_k.png" in pngs and "study_actor_kl_mask_frac.png" in pngs
+    # the band of a curve: the per-step values of the seeds, their mean inside the band
+    per_seed = [study.series(rows, "eval/pass@32") for rows in runs["tepo"].values()]
+    final = [d[40] for d in per_seed]
+    mean, lo, hi = study.band([[v] for v in final])
+    assert mean[0] == pytest.approx(np.mean(final)) and lo[0] >= min(final) and hi[0] <= max(final)
+    assert lo[0] < mean[0] < hi[0]
+
+
+def test_report_refuses_a_doc_without_markers(synthetic_study, tmp_path):
+    doc = tmp_path / "R.md"
+    doc.write_text("# no markers\n")
+    with pytest.raises(SystemExit, match="generated"):
+        study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
+    assert doc.read_text() == "# no markers\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the smoke study, end to end
+
+
+def study_cmd(*args):
+    return [sys.executable, os.path.join(ROOT, "bench", "study.py"), *args]
+
+
+@pytest.mark.slow
+def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "smoke"
+    # 1. start the study and kill it (the runner and its train.py) once a run has a checkpoint
+    #    and before it finishes: the smoke runs save every step, so step 1's is the signal
+    proc = subprocess.Popen(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    first = out / "grpo-s0"
+    deadline = time.time() + 900
+    while not (first / "step_000001").exists():
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint within 15 minutes"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (first / "DONE").exists(), "the run finished before the kill: nothing to resume"
+    assert (out / "base" / "DONE").exists()
+    # 2. run again: the killed run resumes from its checkpoint, the other one runs from scratch
+    done = subprocess.run(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[skip] " + str(out / "base") in done.stdout
+    assert f"[run] {first} (resuming from step 1)" in done.stdout
+    attempts = study.read_jsonl(str(first / "attempts.jsonl"))
+    assert [a["resumed_from"] for a in attempts] == [1] and attempts[0]["cpu_s"] > 0
+    assert "--resume: from" in (first / "train.log").read_text()
+    for variant in ("grpo", "tepo"):
+        rows = study.read_metrics(str(out / f"{variant}-s0"))
+        assert [r["step"] for r in rows] == [0, 1, 2]  # no step twice after the resume
+        assert study.complete(rows, 2) and (out / f"{variant}-s0" / "DONE").exists()
+        assert "eval/pass@4" in rows[-1]
+    # GRPO trains on its KL term even where every reward is 0 (the smoke model is right nowhere)
+    grpo = study.read_metrics(str(first))
+    assert grpo[2]["actor/log_ratio_max"] >= grpo[2]["actor/log_ratio_p999"] > 0
+    # 3. run again: nothing is redone
+    stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*-s0/*.jsonl")}
+    again = subprocess.run(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("[skip]") == 3, again.stdout + again.stderr
+    assert "[run]" not in again.stdout
+    assert stamps == {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*-s0/*.jsonl")}
+    # other settings in the same OUT are refused
+    other = subprocess.run(study_cmd("run", "--out", str(out), "--steps", "3"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=600)
+    assert other.returncode != 0 and "other settings" in other.stderr
+    # 4. the report
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir()
+    doc.write_text("hand\n<!-- generated: begin -->\n<!-- generated: end -->\n")
+    rep = subprocess.run(study_cmd("report", "--out", str(out), "--doc", str(doc)), cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
+    text = doc.read_text()
+    assert text.startswith("hand\n") and "| grpo | 1 |" in text and "| tepo | 1 |" in text
+    assert "python bench/study.py run --out" in text and "--smoke" in text
+    assert (doc.parent / "study_eval_accuracy.png").exists() and (doc.parent / "study_pass_at_k.png").exists()
