@@ -78,14 +78,6 @@ CURVES = [("eval/accuracy", "held-out pass@1 (T=1)", 1),
           ("actor/clip_frac_high", "clipped above (share of trained tokens)", 1),
           ("actor/kl_mask_frac", "TEPO's KL mask: share of trained tokens", 1),
           ("response/length_mean", "response length (tokens)", 1)]
-# metrics.jsonl files written before train.py's keys got their group names read the same.
-OLD_NAMES = {"reward": "reward/mean", "accuracy": "reward/accuracy", "entropy": "actor/entropy",
-             "kl_old": "actor/kl_old", "clip_frac_low": "actor/clip_frac_low",
-             "clip_frac_high": "actor/clip_frac_high", "kl_mask_frac": "actor/kl_mask_frac",
-             "eval_accuracy": "eval/accuracy", "response_len": "response/length_mean",
-             "time/step": "timing/step"}
-
-
 # ----------------------------------------------------------------------------------------------
 # run
 
@@ -279,8 +271,8 @@ def read_jsonl(path):
 
 
 def read_metrics(path):
-    """A run's metrics.jsonl, keys under their grouped names (OLD_NAMES)."""
-    return [{OLD_NAMES.get(k, k): v for k, v in r.items()} for r in read_jsonl(os.path.join(path, "metrics.jsonl"))]
+    """A run's metrics.jsonl: one dict per logged step."""
+    return read_jsonl(os.path.join(path, "metrics.jsonl"))
 
 
 def series(rows, key, window=1):
@@ -377,7 +369,7 @@ def claims_table(summaries):
         if len(seeds) < 2 and v != "no data":
             v = "no CI from one seed"
         note = ""
-        if kind == "ratio" and not np.isnan(lo):
+        if kind == "ratio" and v not in ("no data", "no CI from one seed"):
             note = "CI contains 0.5" if lo <= 0.5 <= hi else "CI excludes 0.5"
         rows.append({"id": cid, "what": what, "effect": effect, "lo": lo, "hi": hi, "verdict": v,
                      "seeds": seeds, "x": x, "y": y, "kind": kind, "side": side, "null": null, "note": note})

@@ -109,7 +109,7 @@ def test_band_is_the_mean_with_a_bootstrap_interval():
 # per-run numbers and the report, on synthetic metrics files
 
 
-def fake_run(path, *, steps, speed, entropy_end, p999, seed, pass32_end=0.8, old_names=False):
+def fake_run(path, *, steps, speed, entropy_end, p999, seed, pass32_end=0.8):
     """A metrics.jsonl like train.py's: accuracy rising at `speed` per step, entropy falling to
     `entropy_end`, eval every 5 steps with pass@k, k = 1..32; plus the runner's DONE."""
     rng = np.random.default_rng(seed)
@@ -130,9 +130,6 @@ def fake_run(path, *, steps, speed, entropy_end, p999, seed, pass32_end=0.8, old
                 end = pass32_end if k == 32 else min(1.0, acc + 0.01 * k)
                 r[f"eval/pass@{k}"] = acc if k == 1 else end if step == steps else min(1.0, acc + 0.02 * k)
         rows.append(r)
-    if old_names:  # the names before the grouping: the report reads those too
-        back = {new: old for old, new in study.OLD_NAMES.items()}
-        rows = [{back.get(k, k): v for k, v in r.items()} for r in rows]
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     with open(os.path.join(path, "attempts.jsonl"), "w") as f:
@@ -155,8 +152,7 @@ def synthetic_study(tmp_path):
         for seed in range(4):
             fake_run(str(out / f"{variant}-s{seed}"), steps=40, speed=speed * (1 + 0.02 * seed),
                      entropy_end=ent + 0.005 * seed, p999=p999 * (1 + 0.05 * seed), seed=seed,
-                     pass32_end=0.8 if variant != "tepo" else 0.8 + 0.01 * (-1) ** seed,
-                     old_names=variant == "drgrpo")
+                     pass32_end=0.8 if variant != "tepo" else 0.8 + 0.01 * (-1) ** seed)
     (out / "base").mkdir()
     (out / "base" / "DONE").write_text(json.dumps({"wall_s": 50.0, "cpu_s": 90.0}))
     os.makedirs(out / "grpo-s9")  # an unfinished run (no DONE): left out of the report
@@ -175,8 +171,6 @@ def test_run_summary_reads_the_measures_of_the_hypotheses(synthetic_study):
     assert s["log_ratio_p999"] == pytest.approx(0.4) and s["log_ratio_max"] == pytest.approx(0.8)
     slow = study.run_summary(study.read_metrics(str(synthetic_study / "grpo-s0")), 40, threshold=0.9)
     assert (slow["steps_to_thr"], slow["reached"]) == (40, False)  # never: counts as the run's length
-    old = study.run_summary(study.read_metrics(str(synthetic_study / "drgrpo-s0")), 40, threshold=0.6)
-    assert old["steps_to_thr"] > 0 and not np.isnan(old["entropy_final"])  # the old key names
 
 
 def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_path):
