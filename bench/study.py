@@ -533,13 +533,22 @@ def report_lines(out, runs, settings, threshold, pngs, command):
     return L
 
 
-def write_generated(doc, lines):
-    """Replace what lies between the generated markers of `doc` with `lines`."""
-    begin, end = "<!-- generated: begin -->", "<!-- generated: end -->"
+BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+
+
+def check_doc(doc):
+    """-> the text of `doc`, which must hold one BEGIN marker followed by one END marker."""
     with open(doc) as f:
         text = f.read()
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        sys.exit(f"{doc} needs one '{begin}' line followed by one '{end}' line")
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        sys.exit(f"{doc} needs one '{BEGIN}' line followed by one '{END}' line")
+    return text
+
+
+def write_generated(doc, lines):
+    """Replace what lies between the generated markers of `doc` with `lines`."""
+    begin, end = BEGIN, END
+    text = check_doc(doc)
     head, rest = text.split(begin)
     _, tail = rest.split(end)
     with open(doc, "w") as f:
@@ -547,6 +556,9 @@ def write_generated(doc, lines):
 
 
 def cmd_report(args):
+    check_doc(args.doc)  # before any plot is written
+    if not os.path.exists(os.path.join(args.out, "study.json")):
+        sys.exit(f"{args.out} holds no study (no study.json): `bench/study.py run --out {args.out}` first")
     runs, settings = load_study(args.out)
     if not runs:
         sys.exit(f"no finished runs in {args.out}")

@@ -235,7 +235,10 @@ def test_report_refuses_a_doc_without_markers(synthetic_study, tmp_path):
     doc.write_text("# no markers\n")
     with pytest.raises(SystemExit, match="generated"):
         study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
-    assert doc.read_text() == "# no markers\n"
+    assert doc.read_text() == "# no markers\n" and not list(tmp_path.glob("*.png"))
+    doc.write_text("<!-- generated: begin -->\n<!-- generated: end -->\n")
+    with pytest.raises(SystemExit, match="no study"):
+        study.main(["report", "--out", str(tmp_path / "nothing"), "--doc", str(doc)])
 
 
 # ---------------------------------------------------------------------------------------------
