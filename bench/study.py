@@ -61,7 +61,7 @@ VARIANTS = {  # name -> train.py overrides
 }
 CONFIG = os.path.join(ROOT, "configs", "study.yaml")
 # --smoke: what CI can afford; the defaults of `run` are the study's.
-SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=20, nproc=2,
+SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=20, base_eval=16,
              set=["prompts_per_step=4", "group_size=4", "eval_n=4", "eval_max_problems=8",
                   "eval_every=0", "save_every=1", "keep_last=1", "log_samples_every=0"])
 BOOT = 10_000            # bootstrap resamples
@@ -166,14 +166,17 @@ def run_one(out, variant, seed, settings):
 
 
 def study_settings(args):
-    """The settings every run of an OUT shares (OUT/study.json); seeds and variants may grow."""
+    """The settings every run of an OUT shares (OUT/study.json; seeds and variants may grow): the
+    config file (relative to the repository) and its values, so an edit of it is caught too."""
+    import yaml
     smoke = args.smoke
-    return {"config": os.path.relpath(os.path.abspath(args.config), ROOT) if args.config.startswith(ROOT)
-            else args.config, "steps": SMOKE["steps"] if smoke else args.steps,
-            "nproc": args.nproc, "set": (SMOKE["set"] if smoke else []) + args.set,
-            "base_seed": args.base_seed,
+    with open(args.config) as f:
+        values = yaml.safe_load(f)
+    return {"config": os.path.relpath(os.path.abspath(args.config), ROOT), "config_values": values,
+            "steps": SMOKE["steps"] if smoke else args.steps, "nproc": args.nproc,
+            "set": (SMOKE["set"] if smoke else []) + args.set, "base_seed": args.base_seed,
             "pretrain_steps": SMOKE["pretrain_steps"] if smoke else args.pretrain_steps,
-            "base_eval": 16 if smoke else args.base_eval, "smoke": smoke}
+            "base_eval": SMOKE["base_eval"] if smoke else args.base_eval, "smoke": smoke}
 
 
 def cmd_run(args):
@@ -190,8 +193,7 @@ def cmd_run(args):
     else:
         with open(saved, "w") as f:
             json.dump(settings, f, indent=1)
-    settings["config"] = os.path.join(ROOT, settings["config"]) if not os.path.isabs(settings["config"]) \
-        else settings["config"]
+    settings["config"] = os.path.join(ROOT, settings["config"])
     seeds = SMOKE["seeds"] if args.smoke else args.seeds
     variants = SMOKE["variants"] if args.smoke else args.variants
     prepare_base(args.out, settings)

@@ -241,6 +241,22 @@ def test_report_refuses_a_doc_without_markers(synthetic_study, tmp_path):
         study.main(["report", "--out", str(tmp_path / "nothing"), "--doc", str(doc)])
 
 
+def test_a_study_is_tied_to_its_settings_and_config_values(tmp_path):
+    import argparse
+    cfg = tmp_path / "c.yaml"
+
+    def settings(text, **kw):
+        cfg.write_text(text)
+        args = dict(config=str(cfg), smoke=False, steps=150, nproc=2, set=[], base_seed=0,
+                    pretrain_steps=800, base_eval=500)
+        return study.study_settings(argparse.Namespace(**{**args, **kw}))
+    a = settings("lr: 1.0e-4\nsteps: 150\n")
+    assert a == settings("# a comment\nlr: 0.0001   # the same value\nsteps: 150\n")
+    assert a != settings("lr: 2.0e-4\nsteps: 150\n")  # an edited config is another study
+    assert a != settings("lr: 1.0e-4\nsteps: 150\n", steps=200)
+    assert settings("lr: 1\n", smoke=True)["steps"] == study.SMOKE["steps"]
+
+
 # ---------------------------------------------------------------------------------------------
 # the smoke study, end to end
 
