@@ -33,6 +33,9 @@ The verdict rule (docs/RESULTS.md's hypotheses, in `verdict`): each claim names 
 value (0 for a difference, 1 for a ratio) its effect should lie on. *supported* if the 95% CI lies
 entirely on that side, *refuted* if it lies entirely on the other side, otherwise *not separable at
 this scale*. For C1's ratio the report also says whether the CI contains 0.5 ("about half").
+Beside each verdict, a cross-check (`t_interval`): the same rule on Student's t 95% interval of the
+mean per-seed difference, since a percentile bootstrap over a handful of seeds is too narrow. The
+pass@4 rows of C2 are supplementary: added after the pilot showed pass@32 already at 1.00.
 
 `--smoke`: the whole path at toy size for CI (a 20-step pre-training, 2 RL steps, 1 seed, grpo and
 tepo, 8 held-out problems with 4 samples, a checkpoint every step), in a few minutes.
@@ -236,6 +239,33 @@ def paired_effect(x, y, kind="diff", n_boot=BOOT, seed=0, level=0.95):
     return float(f(x, y)), float(lo), float(hi)
 
 
+# Student's t 0.975 quantile by degrees of freedom (the usual table); beyond 30, the first two
+# terms of its expansion in 1/df around the normal z (Abramowitz & Stegun 26.7.5), within 5e-4 of
+# it there. numpy has no t distribution.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042]
+
+
+def t975(df):
+    z = 1.959964
+    if df <= len(T975):
+        return T975[df - 1]
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def t_interval(x, y):
+    """The cross-check of a paired effect: Student's t 95% interval of the mean per-seed difference
+    mean(x - y). A percentile bootstrap over 4 seeds is too narrow (it covers ~80%, not 95%), the t
+    interval is not; for a ratio claim its sign says the same as the ratio's side of 1 (mean(x) <
+    mean(y) exactly when mean(x - y) < 0). -> (mean difference, low, high); NaNs below 2 seeds."""
+    d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
+    if len(d) < 2 or np.isnan(d).any():
+        return (np.nan,) * 3
+    half = t975(len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
+
+
 def verdict(lo, hi, null, side):
     """The claim says the effect lies `side` ("above" or "below") of `null`. supported: the CI
     [lo, hi] lies entirely on that side; refuted: entirely on the other; else not separable."""
@@ -338,6 +368,11 @@ CLAIMS = [
     ("C2", "final pass@32, TEPO - GRPO", "tepo", "grpo", "pass@32", "diff", "above"),
     ("C2", "final pass@32, TEPO - DAPO", "tepo", "dapo", "pass@32", "diff", "above"),
     ("C2", "final pass@32, TEPO - TEPO without mask", "tepo", "tepo-nomask", "pass@32", "diff", "above"),
+    # Supplementary, added after the pilot showed held-out pass@32 at 1.00 before RL (100 problems):
+    # pass@4 is where collapse onto fewer solutions can still show on this task.
+    ("C2", "final pass@4, TEPO - GRPO (supplementary)", "tepo", "grpo", "pass@4", "diff", "above"),
+    ("C2", "final pass@4, TEPO - DAPO (supplementary)", "tepo", "dapo", "pass@4", "diff", "above"),
+    ("C2", "final pass@4, TEPO - TEPO without mask (supplementary)", "tepo", "tepo-nomask", "pass@4", "diff", "above"),
     ("C3", "run's largest p99.9 |log r|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below"),
     ("C3", "run's largest max |log r|, TEPO - GSPO (supplementary)", "tepo", "gspo", "log_ratio_max", "diff", "below"),
 ]
@@ -370,11 +405,14 @@ def claims_table(summaries):
         v = verdict(lo, hi, null, side)
         if len(seeds) < 2 and v != "no data":
             v = "no CI from one seed"
+        t_est, t_lo, t_hi = t_interval(x, y)
+        tv = verdict(t_lo, t_hi, 0.0, side) if len(seeds) >= 2 else "no CI from one seed"
         note = ""
         if kind == "ratio" and v not in ("no data", "no CI from one seed"):
             note = "CI contains 0.5" if lo <= 0.5 <= hi else "CI excludes 0.5"
         rows.append({"id": cid, "what": what, "effect": effect, "lo": lo, "hi": hi, "verdict": v,
-                     "seeds": seeds, "x": x, "y": y, "kind": kind, "side": side, "null": null, "note": note})
+                     "seeds": seeds, "x": x, "y": y, "kind": kind, "side": side, "null": null, "note": note,
+                     "t": (t_est, t_lo, t_hi), "t_verdict": tv})
     return rows
 
 
@@ -523,14 +561,18 @@ def report_lines(out, runs, settings, threshold, pngs, command):
           "Effect: a difference of means (TEPO minus the other) or a ratio of means (TEPO over the "
           "other), paired by seed. Verdict: *supported* if the 95% CI lies on the claimed side of the "
           "null (0 for a difference, 1 for a ratio), *refuted* if it lies on the other side, else "
-          "*not separable at this scale*. A run that never reaches the threshold counts as its length.", "",
-          "| claim | effect | claimed | estimate [95% CI] | verdict | per seed (TEPO; other) |", "|---|---|---|---|---|---|"]
+          "*not separable at this scale*. A run that never reaches the threshold counts as its length. "
+          "Cross-check: the same rule on Student's t 95% interval of the mean per-seed difference "
+          "(TEPO minus the other, null 0), which does not under-cover at 4 seeds as the percentile "
+          "bootstrap does; where the two verdicts differ, the t one is the safer reading.", "",
+          "| claim | effect | claimed | estimate [95% CI] | verdict | t check: mean difference [95% CI], verdict "
+          "| per seed (TEPO; other) |", "|---|---|---|---|---|---|---|"]
     for c in claims_table(summaries):
         claimed = f"{'<' if c['side'] == 'below' else '>'} {c['null']:g}"
         per = "; ".join(f"s{s}: {x:.4g}, {y:.4g}" for s, x, y in zip(c["seeds"], c["x"], c["y"]))
         note = f" ({c['note']})" if c["note"] else ""
         L.append(f"| {c['id']} | {c['what'].replace('|', chr(92) + '|')} | {claimed} | {fmt(c['effect'], c['lo'], c['hi'])} | "
-                 f"**{c['verdict']}**{note} | {per} |")
+                 f"**{c['verdict']}**{note} | {fmt(*c['t'])}, {c['t_verdict']} | {per} |")
     L += ["", *[f"![{p}]({p})" for p in pngs]]
     return L
 

@@ -96,6 +96,38 @@ def test_claims_table_pairs_by_seed_and_says_whether_half_is_in_the_ci():
     assert {c["verdict"] for c in one} == {"no CI from one seed", "no data"}  # no spread to tell
 
 
+def test_t_interval_on_a_hand_worked_case_and_its_coverage():
+    # d = 1, 2, 3, 4: mean 2.5, sd sqrt(5/3), se sqrt(5/3) / 2, t(0.975, 3 df) = 3.182
+    est, lo, hi = study.t_interval([2, 4, 6, 8], [1, 2, 3, 4])
+    half = 3.182 * np.sqrt(5 / 3) / 2
+    assert (est, lo, hi) == pytest.approx((2.5, 2.5 - half, 2.5 + half))
+    assert all(np.isnan(v) for v in study.t_interval([1.0], [0.0]))  # one seed: no interval
+    assert study.t975(30) == 2.042 and study.t975(31) == pytest.approx(2.0395, abs=5e-4)
+    assert study.t975(120) == pytest.approx(1.9799, abs=5e-4)
+    # normal differences around 0.3: the interval holds the true mean ~95% of the time at 4 seeds
+    # (a wrong quantile, e.g. 1.96 for 3 df, covers ~88%); the percentile bootstrap falls short
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.3, 1.0, size=(4000, 4))
+    t_hits = sum(lo <= 0.3 <= hi for _, lo, hi in (study.t_interval(row, np.zeros(4)) for row in d))
+    assert 0.94 <= t_hits / len(d) <= 0.96
+    b_hits = sum(lo <= 0.3 <= hi for _, lo, hi in (study.bootstrap_ci(row, n_boot=2000) for row in d[:1000]))
+    assert b_hits / 1000 < 0.88
+
+
+def test_the_t_check_is_the_safer_verdict_at_four_seeds():
+    # per-seed differences 0.3, 0.2, 0.25, -0.05: only 1 resample in 256 has a mean <= 0, so the
+    # bootstrap's CI lies above 0; the t interval [-0.07, 0.42] does not
+    summaries = {"tepo": {s: {"entropy_final": v} for s, v in enumerate([0.5, 0.4, 0.45, 0.15])},
+                 "grpo": {s: {"entropy_final": 0.2} for s in range(4)}}
+    row = next(c for c in study.claims_table(summaries) if c["what"] == "final entropy, TEPO - GRPO")
+    assert row["verdict"] == "supported"
+    assert row["t_verdict"] == "not separable at this scale" and row["t"][1] < 0 < row["t"][2]
+    far = {"tepo": {s: {"steps_to_thr": v} for s, v in enumerate([50, 52, 48, 50])},
+           "grpo": {s: {"steps_to_thr": v} for s, v in enumerate([100, 104, 96, 100])}}
+    ratio = study.claims_table(far)[0]
+    assert ratio["verdict"] == ratio["t_verdict"] == "supported" and ratio["t"][0] == pytest.approx(-50)
+
+
 def test_band_is_the_mean_with_a_bootstrap_interval():
     m = np.array([[0.0, 1.0, 2.0], [2.0, 1.0, 4.0], [1.0, 1.0, 3.0], [1.0, 1.0, 3.0]])
     mean, lo, hi = study.band(m)
@@ -195,6 +227,10 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     assert v["run's largest p99.9 |log r|, TEPO - GSPO"] == "**supported**"
     assert v["final pass@32, TEPO - GRPO"] == "**not separable at this scale**"  # 0.8 vs 0.8 +- 0.01
     assert claims["steps to threshold, TEPO / GRPO"][4].startswith("0.5")  # 19.5 / 34.25
+    # the t check beside it: the mean per-seed difference of steps, 19.5 - 34.25, its own verdict
+    assert re.fullmatch(r"-14\.750 \[-\d+\.\d+, -\d+\.\d+\], supported", claims["steps to threshold, TEPO / GRPO"][6])
+    assert claims["final pass@32, TEPO - GRPO"][6].endswith("not separable at this scale")
+    assert "final pass@4, TEPO - GRPO (supplementary)" in claims
     assert "grpo: 4 seeds" in text and "grpo-s9" not in text  # the unfinished run is left out
     assert "CPU-hours, measured" in text
     cpu_hours = (24 * 180 + 90) / 3600
