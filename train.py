@@ -164,10 +164,11 @@ def setup(cfg, resume):
     if ckpt:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
         set_rng_states(rng)
     if rank == 0:
-        path = os.path.join(cfg.out_dir, "metrics.jsonl")
-        old = open(path).readlines() if ckpt and os.path.exists(path) else []
-        with open(path, "w") as f:  # a resumed run drops lines logged after its checkpoint
-            f.writelines(ln for ln in old if json.loads(ln)["step"] <= state.step)
+        for name in ("metrics.jsonl", "samples.jsonl"):  # a resumed run drops the lines logged
+            path = os.path.join(cfg.out_dir, name)        # after its checkpoint: it logs them again
+            old = open(path).readlines() if ckpt and os.path.exists(path) else []
+            with open(path, "w") as f:
+                f.writelines(ln for ln in old if json.loads(ln)["step"] <= state.step)
         with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
             yaml.safe_dump(config_dict(cfg), f)
     return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine,

@@ -70,9 +70,17 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
     run(cfg_b, "--set", "steps=2", nproc=2, patch=noisy)
     assert sorted(os.listdir(out_b)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
                                          "step_000002"]
+    # A kill after step 3 was logged, before it was saved: its lines are dropped, then logged anew.
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        with open(os.path.join(out_b, name), "a") as f:
+            f.write(json.dumps({"step": 3, "stale": True}) + "\n")
     run(cfg_b, "--resume", nproc=2, patch=noisy)
 
     ma, mb = metrics(out_a), metrics(out_b)
+    samples = [[json.loads(ln) for ln in open(os.path.join(out, "samples.jsonl"))] for out in (out_a, out_b)]
+    assert not any("stale" in r for r in samples[1])
+    assert [(r["step"], r["prompt"], r["response"]) for r in samples[0]] == \
+        [(r["step"], r["prompt"], r["response"]) for r in samples[1]]
     assert ma[0] == {"step": 0, "eval/accuracy": ma[0]["eval/accuracy"], "eval/dropped_long_prompts": 1,
                      "eval/pass@1": ma[0]["eval/accuracy"]}  # eval_n = 1: pass@1 only
     # plot.py draws these names (the KL to pi_ref needs a method with a reference model).
