@@ -19,6 +19,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -603,18 +604,28 @@ def evaluate(run, step):
     """Held-out accuracy over all ranks: {"eval/accuracy": mean correctness of the eval_n samples
     per problem (= pass@1), "eval/pass@k": unbiased pass@k (eval.pass_at_k) averaged over problems,
     for k = 1, 2, 4, ... <= eval_n}. pass@k falling while pass@1 rises is a policy collapsing onto
-    fewer answers."""
+    fewer answers. A grading call that raises or runs over reward_timeout counts as wrong, is
+    printed, and is on record as "eval/grader_failures" (only then): an evaluation never stops a run."""
     cfg, mine = run.cfg, run.eval_rows[run.rank::run.world]
     outs = run.engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
                                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
-    right = [sum(run.grader(s.text, r["answer"]) >= 1.0 for s in group) for r, group in zip(mine, outs)]
+    failed = {"errors": 0, "timeouts": 0}  # guarded as in training: a grader fault counts as wrong
+    right = [sum(guarded(cfg.reward_timeout, lambda: run.grader(s.text, r["answer"]) >= 1.0, s.text, failed)
+                 is True for s in group) for r, group in zip(mine, outs)]
+    if "first" in failed:
+        print(f"warning: step {step}: held-out grading failed {failed['errors'] + failed['timeouts']} "
+              f"time(s) on this rank, counted as wrong; first: {failed['first']}", file=sys.stderr, flush=True)
     ks = [2 ** i for i in range(cfg.eval_n.bit_length()) if 2 ** i <= cfg.eval_n]
     local = {f"pass@{k}": sum(pass_at_k(cfg.eval_n, c, k) for c in right) for k in ks}
-    total = all_ranks({"correct": sum(right), "problems": len(mine), **local})
+    total = all_ranks({"correct": sum(right), "problems": len(mine),
+                       "failed": failed["errors"] + failed["timeouts"], **local})
     n = max(total["problems"], 1)
-    return {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
-            **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
+    out = {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
+           **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
+    if total["failed"]:  # on record only where it happened, as a fault
+        out["eval/grader_failures"] = total["failed"]
+    return out
 
 
 # ----------------------------------------------------------------------------- schedules, seeds, rewards
@@ -663,28 +674,34 @@ def _reward_alarm(signum, frame):
 
 def guarded_reward(cfg, grader, sample, answer, failed):
     """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
-    (0.0, False) and is counted in failed["errors"] / failed["timeouts"] (the first one described
-    in failed["first"]). The timeout is a SIGALRM timer (two setitimer calls per response; main
-    thread only), which also interrupts a grader stuck in a sleep or a pure-Python loop."""
+    (0.0, False) and is counted (guarded)."""
+    out = guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer), sample.text, failed)
+    return (0.0, False) if out is None else out
+
+
+def guarded(timeout, call, text, failed):
+    """call(), or None when it raises or runs over `timeout` seconds, counted in failed["errors"] /
+    failed["timeouts"] (the first one described in failed["first"], with the response `text`).
+    The timeout is a SIGALRM timer (two setitimer calls per response; main thread only), which
+    also interrupts a grader stuck in a sleep or a pure-Python loop."""
     timer = threading.current_thread() is threading.main_thread()
     try:
         try:
             if timer:
                 if signal.getsignal(signal.SIGALRM) is not _reward_alarm:
                     signal.signal(signal.SIGALRM, _reward_alarm)
-                signal.setitimer(signal.ITIMER_REAL, cfg.reward_timeout)
-            out = shaped_reward(cfg, grader, sample, answer)
+                signal.setitimer(signal.ITIMER_REAL, timeout)
+            return call()
         finally:
             if timer:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-        return out
     except RewardTimeout:
-        kind, what = "timeouts", f"took over reward_timeout={cfg.reward_timeout}s"
+        kind, what = "timeouts", f"took over reward_timeout={timeout}s"
     except Exception as e:
         kind, what = "errors", f"{type(e).__name__}: {e}"
     failed[kind] += 1
-    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {sample.text[:60]!r})")
-    return 0.0, False
+    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {text[:60]!r})")
+    return None
 
 
 if __name__ == "__main__":

@@ -56,10 +56,25 @@ class Engine:
         return [[rollout.Sample([1], [2], "\\boxed{7}" if j < correct[int(p)] else "\\boxed{0}",
                                 [-1.0], "stop") for j in range(n)] for p in prompts]
 rows = [{"prompt": str(i), "answer": "7"} for i in range(len(correct))]
-cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0)
-run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(),
-                      grader=lambda text, answer: float(text == "\\boxed{" + answer + "}"))
+cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0, reward_timeout=0.2)
+grade = lambda text, answer: float(text == "\\boxed{" + answer + "}")
+run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), grader=grade)
 out["eval"] = train.evaluate(run, 0)
+# A grader that raises on problem 3's responses (8 right ones) and hangs on one of problem 4's:
+# those count as wrong, and the run goes on.
+import time
+calls = {"n": 0}
+def faulty(text, answer):
+    calls["n"] += 1
+    if rank == 1 and calls["n"] <= 8:   # rank 1 holds problems 1 and 3: it grades problem 1 first
+        return grade(text, answer)
+    if rank == 1:
+        raise ValueError("bad parse")
+    if calls["n"] == 17:                # rank 0 holds 0, 2, 4: the first response of problem 4
+        time.sleep(30)
+    return grade(text, answer)
+run.grader = faulty
+out["faulty"] = train.evaluate(run, 0)
 # The mismatch metrics of step_metrics: rank r holds 2 + r sequences of 3 + r tokens.
 seqs, groups = [], []
 for i in range(2 + rank):
@@ -111,3 +126,11 @@ def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     assert res["eval"]["eval/accuracy"] == pytest.approx(sum(correct) / (5 * n))
     for k, v in want.items():
         assert res["eval"][f"eval/pass@{k}"] == pytest.approx(v), k
+    # problem 3's 8 graded calls raised, problem 4's first response hung: 9 failures, all wrong
+    faulty = [0, 1, 3, 0, 4]  # problem 3: its 8 right answers lost; problem 4: 1 of its 5 right ones
+    assert res["faulty"]["eval/grader_failures"] == 9
+    assert res["faulty"]["eval/accuracy"] == pytest.approx(sum(faulty) / (5 * n))
+    assert res["faulty"]["eval/pass@8"] == pytest.approx(np.mean([c > 0 for c in faulty]))
+    assert "eval/grader_failures" not in res["eval"]
+    assert "held-out grading failed 8 time(s)" in out.stderr and "ValueError: bad parse" in out.stderr
+    assert "held-out grading failed 1 time(s)" in out.stderr and "took over reward_timeout=0.2s" in out.stderr
