@@ -200,9 +200,12 @@ def test_run_summary_reads_the_measures_of_the_hypotheses(synthetic_study):
     assert s["steps_to_thr_eval"] == 15 and s["reached_eval"]  # eval every 5: 0.3 + 0.3 at step 15
     assert s["pass@1_start"] == pytest.approx(0.3) and s["pass@32"] == pytest.approx(0.81)
     assert s["entropy_final"] == pytest.approx(np.mean([0.5 - 0.2 * t / 40 for t in range(31, 41)]))
+    assert s["entropy_start"] == pytest.approx(np.mean([0.5 - 0.2 * t / 40 for t in range(1, 11)]))
+    assert s["pass@1_last_gain"] == pytest.approx(0.0)  # 0.95 (capped) at steps 35 and 40
     assert s["log_ratio_p999"] == pytest.approx(0.4) and s["log_ratio_max"] == pytest.approx(0.8)
     slow = study.run_summary(study.read_metrics(str(synthetic_study / "grpo-s0")), 40, threshold=0.9)
     assert (slow["steps_to_thr"], slow["reached"]) == (40, False)  # never: counts as the run's length
+    assert slow["pass@1_last_gain"] == pytest.approx(0.05)  # 0.3 + 0.01 step: 0.65 -> 0.70, still rising
 
 
 def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_path):
