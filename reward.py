@@ -38,7 +38,9 @@ torchrun workers). A C call that the hook cannot interrupt is prevented by mathe
 """
 import functools
 import operator
+import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -378,6 +380,42 @@ def _value_equal(g, p, ctx, ratio=False):
         except (Undecided, ArithmeticError, ValueError, TypeError):
             pass
     return False
+
+
+class RewardTimeout(BaseException):
+    """Raised by SIGALRM in a grading call over guarded()'s timeout (a BaseException, so that the
+    grader's own `except Exception` cannot swallow it)."""
+
+
+def _reward_alarm(signum, frame):
+    raise RewardTimeout
+
+
+def guarded(timeout, call, text, failed):
+    """call(), or None when it raises or runs over `timeout` seconds, counted in failed["errors"] /
+    failed["timeouts"] (the first one described in failed["first"], with the response `text`). What
+    train.py's rewards and held-out evaluation and eval.py put around every grading call: a grader
+    bug or a pathological response costs one wrong answer, not the run.
+    The timeout is a SIGALRM timer (two setitimer calls per response; main thread only), which
+    also interrupts a grader stuck in a sleep or a pure-Python loop."""
+    timer = threading.current_thread() is threading.main_thread()
+    try:
+        try:
+            if timer:
+                if signal.getsignal(signal.SIGALRM) is not _reward_alarm:
+                    signal.signal(signal.SIGALRM, _reward_alarm)
+                signal.setitimer(signal.ITIMER_REAL, timeout)
+            return call()
+        finally:
+            if timer:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    except RewardTimeout:
+        kind, what = "timeouts", f"took over reward_timeout={timeout}s"
+    except Exception as e:
+        kind, what = "errors", f"{type(e).__name__}: {e}"
+    failed[kind] += 1
+    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {text[:60]!r})")
+    return None
 
 
 class _Timeout(BaseException):

@@ -18,9 +18,7 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
@@ -611,8 +609,8 @@ def evaluate(run, step):
                                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
     failed = {"errors": 0, "timeouts": 0}  # guarded as in training: a grader fault counts as wrong
-    right = [sum(guarded(cfg.reward_timeout, lambda: run.grader(s.text, r["answer"]) >= 1.0, s.text, failed)
-                 is True for s in group) for r, group in zip(mine, outs)]
+    right = [sum(reward.guarded(cfg.reward_timeout, lambda: run.grader(s.text, r["answer"]) >= 1.0,
+                                s.text, failed) is True for s in group) for r, group in zip(mine, outs)]
     if "first" in failed:
         print(f"warning: step {step}: held-out grading failed {failed['errors'] + failed['timeouts']} "
               f"time(s) on this rank, counted as wrong; first: {failed['first']}", file=sys.stderr, flush=True)
@@ -663,45 +661,12 @@ def shaped_reward(cfg, grader, sample, answer):
     return r + penalty, r >= 1.0
 
 
-class RewardTimeout(BaseException):
-    """Raised by SIGALRM in a reward call over cfg.reward_timeout (a BaseException, so that the
-    grader's own `except Exception` cannot swallow it)."""
-
-
-def _reward_alarm(signum, frame):
-    raise RewardTimeout
-
-
 def guarded_reward(cfg, grader, sample, answer, failed):
     """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
     (0.0, False) and is counted (guarded)."""
-    out = guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer), sample.text, failed)
+    out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer),
+                         sample.text, failed)
     return (0.0, False) if out is None else out
-
-
-def guarded(timeout, call, text, failed):
-    """call(), or None when it raises or runs over `timeout` seconds, counted in failed["errors"] /
-    failed["timeouts"] (the first one described in failed["first"], with the response `text`).
-    The timeout is a SIGALRM timer (two setitimer calls per response; main thread only), which
-    also interrupts a grader stuck in a sleep or a pure-Python loop."""
-    timer = threading.current_thread() is threading.main_thread()
-    try:
-        try:
-            if timer:
-                if signal.getsignal(signal.SIGALRM) is not _reward_alarm:
-                    signal.signal(signal.SIGALRM, _reward_alarm)
-                signal.setitimer(signal.ITIMER_REAL, timeout)
-            return call()
-        finally:
-            if timer:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-    except RewardTimeout:
-        kind, what = "timeouts", f"took over reward_timeout={timeout}s"
-    except Exception as e:
-        kind, what = "errors", f"{type(e).__name__}: {e}"
-    failed[kind] += 1
-    failed.setdefault("first", f"{what} (rank {os.environ.get('RANK', '0')}, response {text[:60]!r})")
-    return None
 
 
 if __name__ == "__main__":
