@@ -136,6 +136,7 @@ def summarize(problems, ks):
     out["prompt_too_long"] = sum(p["samples"][0]["finish_reason"] == "prompt_too_long"
                                  for p in problems)
     out["generated_tokens"] = sum(s["tokens"] for s in gen)
+    out["grader_failures"] = sum(s.get("grader_failed", False) for p in problems for s in p["samples"])
     return out
 
 
@@ -198,6 +199,9 @@ def parse_args(argv=None):
     ap.add_argument("--grader", default="rule", choices=sorted(reward.GRADERS),
                     help="rule (reward.py) or math_verify (needs `pip install math-verify`), to "
                          "reproduce papers that graded with it")
+    ap.add_argument("--reward-timeout", type=float, default=10.0,
+                    help="seconds one grading call may take; over it, or raising, the sample is wrong "
+                         "and counted (results: grader_failures)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--chunk-size", type=int, help="problems per generate call "
                                                    "(default: ceil(1024 / n)); part of the seed")
@@ -288,6 +292,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
     whose prompt leaves no room to generate get n empty, wrong samples (finish "prompt_too_long").
     """
     records, judge = [], make_judge(args.grader)
+    failed = {"errors": 0, "timeouts": 0}
     for c, idx in my_chunks(len(rows), args.chunk_size, rank, world):
         fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
         t = time.time()
@@ -300,13 +305,20 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
             samples = []
             for s in outs.get(i, [None] * args.n):
                 text = s.text if s else ""
-                answer, correct = judge(text, rows[i]["answer"]) if s else (None, False)
+                before = failed["errors"] + failed["timeouts"]
+                judged = reward.guarded(args.reward_timeout, lambda: judge(text, rows[i]["answer"]), text,
+                                        failed) if s else None
+                answer, correct = judged or (None, False)  # a grading call that failed: wrong
                 samples.append({"response": text, "answer": answer, "correct": bool(correct),
                                 "tokens": len(s.response_ids) if s else 0,
-                                "finish_reason": s.finish_reason if s else "prompt_too_long"})
+                                "finish_reason": s.finish_reason if s else "prompt_too_long",
+                                **({"grader_failed": True} if failed["errors"] + failed["timeouts"] > before else {})})
             records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
                             "samples": samples, "metrics": problem_metrics(samples, args.ks)})
         bar.update(len(idx))
+    if "first" in failed:
+        print(f"warning: {name}: {failed['errors']} grading calls raised and {failed['timeouts']} ran over "
+              f"--reward-timeout on rank {rank}, counted as wrong; first: {failed['first']}", flush=True)
     return records
 
 

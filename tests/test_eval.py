@@ -92,6 +92,39 @@ def test_summarize_means_over_problems():
     assert m["accuracy"] == pytest.approx(0.5 / 3) and m["pass@2"] == pytest.approx(1 / 3)
     assert m["maj@1"] == pytest.approx(1 / 3) and m["maj@2"] == pytest.approx(1 / 3)
     assert m["mean_response_tokens"] == 25 and m["truncation_rate"] == 0.5  # generated samples only
+    assert m["grader_failures"] == 0
+
+
+def test_a_grading_call_that_raises_or_hangs_is_a_wrong_sample_counted(monkeypatch, capsys):
+    """A grader bug or a hang on one response costs that sample, not the evaluation."""
+    import time
+    from types import SimpleNamespace
+
+    import rollout
+
+    class Engine:
+        def generate(self, prompts, n=1, **kw):
+            return [[rollout.Sample(p, [1], f"{p[0]}:{j} \\boxed{{7}}", [-1.0], "stop") for j in range(n)]
+                    for p in prompts]
+
+    def judge(text, gold):
+        if text.startswith("1:"):
+            raise ValueError("grader bug")
+        if text.startswith("2:0"):
+            time.sleep(30)
+        return "7", True
+    monkeypatch.setattr(ev, "make_judge", lambda name: judge)
+    args = SimpleNamespace(grader="rule", chunk_size=2, n=2, max_new_tokens=4, temperature=1.0, top_p=1.0,
+                           seed=0, ks=[1, 2], reward_timeout=0.2)
+    rows = [{"problem": f"p{i}", "answer": "7"} for i in range(3)]
+    records = ev.sample_benchmark(Engine(), "toy", rows, [[0], [1], [2]], args, None, 0, 1,
+                                  {"generate_s": 0.0}, SimpleNamespace(update=lambda n: None))
+    flags = [[(s["correct"], s.get("grader_failed", False)) for s in r["samples"]] for r in records]
+    assert flags == [[(True, False)] * 2, [(False, True)] * 2, [(False, True), (True, False)]]
+    m = ev.summarize(records, [1, 2])
+    assert m["grader_failures"] == 3 and m["accuracy"] == pytest.approx(3 / 6)
+    out = capsys.readouterr().out
+    assert "toy: 2 grading calls raised and 1 ran over --reward-timeout" in out and "grader bug" in out
 
 
 # ----------------------------------------------------------------------------- the command line
