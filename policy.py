@@ -9,6 +9,7 @@ complete, so a kill at any moment leaves the newest complete checkpoint whole.
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import sys
@@ -288,18 +289,20 @@ def check_shared_dir(out_dir, rank, world):
 
 
 def check_checkpoint(ckpt, model_dir, world):
-    """A UserError unless `ckpt` is a complete checkpoint of `model_dir`'s architecture, saved by
-    `world` ranks: not a half-written .tmp, not some other directory, not another model's."""
+    """A UserError unless `ckpt` is a complete checkpoint of `model_dir`'s architecture: not a
+    half-written .tmp, not some other directory, not another model's. -> the number of ranks that
+    saved it (one rng_rank<r>.pt each), which may differ from this run's `world`."""
     if ckpt.rstrip("/").endswith(".tmp"):
         raise UserError(f"--resume: {ckpt} is a half-written checkpoint (a save cut off); resume from a "
                         f"complete one: {(list_checkpoints(os.path.dirname(ckpt.rstrip('/'))) or ['none'])[-1]}")
     if not os.path.isfile(os.path.join(ckpt, "trainer_state.json")):
         raise UserError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
-    missing = [f for f in ["config.json", "optim/.metadata"] + [f"rng_rank{r}.pt" for r in range(world)]
+    ranks = [int(m[1]) for f in os.listdir(ckpt) if (m := re.fullmatch(r"rng_rank(\d+)\.pt", f))]
+    saved = max(ranks, default=-1) + 1
+    missing = [f for f in ["config.json", "optim/.metadata"] + [f"rng_rank{r}.pt" for r in range(max(saved, 1))]
                if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
-        raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete, or saved by another "
-                        f"number of ranks than {world})")
+        raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete)")
     ours, theirs = (json.load(open(os.path.join(d, "config.json"))) for d in (model_dir, ckpt))
     keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "intermediate_size")
@@ -307,17 +310,20 @@ def check_checkpoint(ckpt, model_dir, world):
     if diff:
         raise UserError(f"--resume: {ckpt} is a checkpoint of another model than {model_dir} "
                         f"({', '.join(diff)})")
+    return saved
 
 
-def load_training_state(ckpt, model, optimizer, rank):
-    """Restore the optimizer state from a checkpoint. -> (TrainState, this rank's RNG states)"""
+def load_training_state(ckpt, model, optimizer, rank, same_world=True):
+    """Restore the optimizer state from a checkpoint; distributed checkpointing reshards it when
+    this run has another number of ranks than the one that saved it. -> (TrainState, this rank's
+    RNG states, or None when the number of ranks changed: the per-rank streams no longer apply)"""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.load({"optim": optim_sd}, checkpoint_id=os.path.join(ckpt, "optim"))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    rng = torch.load(os.path.join(ckpt, f"rng_rank{rank}.pt"), weights_only=False)
+    rng = torch.load(os.path.join(ckpt, f"rng_rank{rank}.pt"), weights_only=False) if same_world else None
     with open(os.path.join(ckpt, "trainer_state.json")) as f:
         return TrainState(**json.load(f)), rng
 

@@ -144,23 +144,28 @@ def setup(cfg, resume):
         ckpt = found[-1] if found else None
         if ckpt is None and rank == 0:
             print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
+    saved_world = world
     if ckpt:
-        check_checkpoint(ckpt, model_dir, world)
+        saved_world = check_checkpoint(ckpt, model_dir, world)
         if rank == 0:
             print(f"--resume: from {ckpt}")
+        if rank == 0 and saved_world != world:  # e.g. a node lost: go on with the ranks left
+            print(f"--resume: {ckpt} was saved by {saved_world} ranks, this run has {world}: the "
+                  f"optimizer state is resharded and the data order kept; each rank's random streams "
+                  f"start afresh, so the run goes on but does not repeat an uninterrupted one exactly")
     start = ckpt or model_dir
     torch.manual_seed(cfg.seed + rank)
     model = load_policy(start, cfg, device)
     ref_model = load_policy(model_dir, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                   weight_decay=cfg.weight_decay)
-    state = TrainState()
+    state, rng = TrainState(), None
     if ckpt:
-        state, rng = load_training_state(ckpt, model, optimizer, rank)
+        state, rng = load_training_state(ckpt, model, optimizer, rank, same_world=saved_world == world)
     engine = rollout.make_engine(start, backend=cfg.backend, dtype=cfg.dtype, seed=cfg.seed + rank,
                                  max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
-    if ckpt:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
+    if rng is not None:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
         set_rng_states(rng)
     if rank == 0:
         for name in ("metrics.jsonl", "samples.jsonl"):  # a resumed run drops the lines logged

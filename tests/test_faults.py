@@ -163,9 +163,12 @@ def fake_checkpoint(path, model_dir, world=2, **config_changes):
 
 def test_resume_checks_the_checkpoint(tmp_path, tiny_model_dir):
     good = fake_checkpoint(tmp_path / "step_000002", tiny_model_dir)
-    policy.check_checkpoint(good, tiny_model_dir, 2)
-    with pytest.raises(UserError, match="saved by another number of ranks than 4"):
-        policy.check_checkpoint(good, tiny_model_dir, 4)
+    assert policy.check_checkpoint(good, tiny_model_dir, 2) == 2
+    assert policy.check_checkpoint(good, tiny_model_dir, 4) == 2  # resumed on 4 ranks: resharded
+    os.remove(os.path.join(good, "rng_rank0.pt"))  # rank 1's file without rank 0's: incomplete
+    with pytest.raises(UserError, match="lacks rng_rank0.pt .incomplete"):
+        policy.check_checkpoint(good, tiny_model_dir, 2)
+    open(os.path.join(good, "rng_rank0.pt"), "w").close()
     with pytest.raises(UserError, match="is not a checkpoint .no trainer_state.json"):
         policy.check_checkpoint(str(tmp_path), tiny_model_dir, 2)
     half = fake_checkpoint(tmp_path / "step_000004.tmp", tiny_model_dir)

@@ -106,6 +106,36 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
     assert state["step"] == 4 and state["data_pos"] == 16
 
 
+def adam_steps(ckpt):
+    """{parameter: Adam's step count} of a checkpoint's optimizer state (read without ranks)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    path = os.path.join(os.path.dirname(ckpt), os.path.basename(ckpt) + "_optim.pt")
+    dcp_to_torch_save(os.path.join(ckpt, "optim"), path)
+    flat = {}
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = obj
+    walk("", torch.load(path, weights_only=False))
+    return {k: float(v) for k, v in flat.items() if k.endswith(".step")}
+
+
+def test_a_run_saved_by_two_ranks_resumes_on_one(tmp_path, tiny_model_dir):
+    """A node lost: the checkpoint of 2 ranks resumes on 1. The optimizer state is resharded, not
+    dropped: Adam's step count goes on from the saved one (it would restart from 0 if not)."""
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "reshard", save_every=2)
+    run(cfg, "--set", "steps=2", nproc=2)
+    res = run(cfg, "--resume")  # one process
+    assert "was saved by 2 ranks, this run has 1" in res.stdout
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+    first, resumed = adam_steps(os.path.join(out, "step_000002")), adam_steps(os.path.join(out, "step_000004"))
+    assert first and first.keys() == resumed.keys()
+    assert all(resumed[k] == 2 * first[k] > 0 for k in first), (first, resumed)
+
+
 def test_microbatch_size_does_not_change_the_update(tmp_path, tiny_model_dir):
     """One sequence per micro-batch or all in one: same loss, same gradient (norm), same metrics."""
     common = dict(steps=2, num_minibatches=1, backend="hf", lr=1e-4)
