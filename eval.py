@@ -305,14 +305,13 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
             samples = []
             for s in outs.get(i, [None] * args.n):
                 text = s.text if s else ""
-                before = failed["errors"] + failed["timeouts"]
                 judged = reward.guarded(args.reward_timeout, lambda: judge(text, rows[i]["answer"]), text,
-                                        failed) if s else None
-                answer, correct = judged or (None, False)  # a grading call that failed: wrong
+                                        failed) if s else None  # None from guarded: the call failed
+                answer, correct = judged or (None, False)
                 samples.append({"response": text, "answer": answer, "correct": bool(correct),
                                 "tokens": len(s.response_ids) if s else 0,
                                 "finish_reason": s.finish_reason if s else "prompt_too_long",
-                                **({"grader_failed": True} if failed["errors"] + failed["timeouts"] > before else {})})
+                                **({"grader_failed": True} if s and judged is None else {})})
             records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
                             "samples": samples, "metrics": problem_metrics(samples, args.ks)})
         bar.update(len(idx))

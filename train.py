@@ -614,8 +614,8 @@ def evaluate(run, step):
                                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
     failed = {"errors": 0, "timeouts": 0}  # guarded as in training: a grader fault counts as wrong
-    right = [sum(reward.guarded(cfg.reward_timeout, lambda: run.grader(s.text, r["answer"]) >= 1.0,
-                                s.text, failed) is True for s in group) for r, group in zip(mine, outs)]
+    right = [sum(bool(reward.guarded(cfg.reward_timeout, lambda: run.grader(s.text, r["answer"]) >= 1.0,
+                                     s.text, failed)) for s in group) for r, group in zip(mine, outs)]
     if "first" in failed:
         print(f"warning: step {step}: held-out grading failed {failed['errors'] + failed['timeouts']} "
               f"time(s) on this rank, counted as wrong; first: {failed['first']}", file=sys.stderr, flush=True)
