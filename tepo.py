@@ -55,7 +55,8 @@ def group_advantages(rewards, group_size, normalize_std=True, eps=1e-6):
     """(N,) rewards of P groups of `group_size` consecutive responses -> (N,) advantages.
 
     A_i = (R_i - mean) / (std + eps) within each group (std unbiased, as in GRPO); a group whose
-    rewards are all equal gets 0, since nothing in it tells good from bad.
+    rewards are all equal gets exactly 0, since nothing in it tells good from bad (and train.py
+    skips sequences with A = 0).
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
@@ -65,7 +66,10 @@ def group_advantages(rewards, group_size, normalize_std=True, eps=1e-6):
     centered = r - r.mean(dim=1, keepdim=True)
     if normalize_std and group_size > 1:
         centered = centered / (r.std(dim=1, keepdim=True) + eps)
-    return centered.view(-1)
+    # Equal rewards: exactly 0. The float mean of equal values can miss them by a rounding step,
+    # and that noise over a std of ~1e-9 + eps gave eight rewards of 0.1 A = -0.0074 each.
+    flat = (r == r[:, :1]).all(dim=1, keepdim=True)           # (P, 1)
+    return centered.masked_fill(flat, 0.0).view(-1)
 
 
 # ----------------------------------------------------------------------------- log-probs

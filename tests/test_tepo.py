@@ -33,6 +33,19 @@ def test_group_advantages_hand_computed():
     assert torch.equal(a[4:8], torch.zeros(4, dtype=a.dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_equal_rewards_give_exactly_zero_advantage(dtype, normalize_std):
+    """A group whose rewards are all equal carries nothing to learn from: A = 0 exactly, at any
+    reward scale (a float mean of eight 0.1 misses 0.1 by a rounding step, and that noise over
+    std + 1e-6 once gave A = -0.0074), while a group beside it with spread keeps its advantages."""
+    for value in (0.1, 0.6, 1 / 3, -0.7, 1e-8, 123.456, 2.0 ** 20 + 0.3):
+        r = torch.tensor([value] * 8 + [0.0, 1.0] * 4, dtype=dtype)
+        a = group_advantages(r, 8, normalize_std=normalize_std)
+        assert torch.equal(a[:8], torch.zeros(8, dtype=a.dtype)), (value, a[:8])
+        assert a[8] < 0 < a[9]
+
+
 def test_group_advantages_without_std():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0])
     assert torch.allclose(group_advantages(r, 3, normalize_std=False).double(),
