@@ -7,7 +7,7 @@ policy that sampled the batch (recomputed by the trainer, no grad); `ref_logp` u
 initial policy; `entropy` H[i,t] of the full next-token distribution. sg() is stop-gradient.
 
     advantage      A_i     = (R_i - mean_group R) / (std_group R + eps)     (Dr.GRPO: no division)
-    token ratio    r[i,t]  = exp(logp - old_logp)
+    token ratio    r[i,t]  = exp(logp - old_logp)                             (log clamped to +-20)
     seq. ratio     s_i     = exp( sum_t m (logp - old_logp) / |y_i| )        (geometric mean of r)
                    s[i,t]  = sg(s_i) * exp(logp - sg(logp))     value s_i, gradient s_i * grad(logp)
     surrogate      l[i,t]  = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i),  rho = r or s
@@ -47,6 +47,7 @@ import torch
 METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
+MAX_LOG_RATIO = 20.0  # |log pi/pi_old| (token, or the sequence's mean) is clamped here before exp
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -318,11 +319,15 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
     log_r = logp - old_logp
     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, max_new_tokens=cfg.max_new_tokens)
 
+    # log-ratios are clamped to +-MAX_LOG_RATIO before exp (as verl does): one token drifted past
+    # ~88 nats (bf16, a bad sync) would give r = inf and inf * (A = 0) = NaN, and skip the step.
     if cfg.ratio == "token":
-        ratio = torch.exp(log_r)
+        clamped = log_r.detach().abs() > MAX_LOG_RATIO
+        ratio = torch.exp(log_r.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     else:  # s_i carried to each token: value s_i, gradient s_i * grad(logp)
         log_s = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)   # (B, 1)
-        ratio = torch.exp(log_s.detach() + logp - logp.detach())
+        clamped = (log_s.detach().abs() > MAX_LOG_RATIO).expand_as(log_r)
+        ratio = torch.exp(log_s.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) + logp - logp.detach())
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     per_token = -torch.min(ratio * A, clipped * A)
     if cfg.is_correction != "none":  # rollout/trainer mismatch correction, a constant weight
@@ -357,6 +362,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
             "clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0)).float()),
             "clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0)).float()),
             "ratio_mean": token_sum(r),
+            "actor/ratio_clamped_frac": token_sum(clamped.double()),
             "ratio_min": torch.where(mask > 0, r, big).min(),
             "ratio_max": torch.where(mask > 0, r, -big).max(),
             "kl_old": token_sum(kl_estimate(logp.detach(), old_logp, "k3")),

@@ -127,7 +127,8 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
     B, T = len(logp), len(logp[0])
     lens = [sum(mask[i]) for i in range(B)]
     ntok = sum(lens)
-    s = [math.exp(sum(mask[i][t] * (logp[i][t] - old[i][t]) for t in range(T)) / lens[i])
+    clamp = lambda x: max(-20.0, min(20.0, x))  # noqa: E731  (log-ratios, before exp)
+    s = [math.exp(clamp(sum(mask[i][t] * (logp[i][t] - old[i][t]) for t in range(T)) / lens[i]))
          for i in range(B)]
 
     def agg(per_token, weights):
@@ -154,7 +155,7 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
     pg = [[0.0] * T for _ in range(B)]
     for i in range(B):
         for t in range(T):
-            rho = math.exp(logp[i][t] - old[i][t]) if cfg.ratio == "token" else s[i]
+            rho = math.exp(clamp(logp[i][t] - old[i][t])) if cfg.ratio == "token" else s[i]
             clipped = min(max(rho, 1 - cfg.clip_low), 1 + cfg.clip_high)
             pg[i][t] = -min(rho * adv[i], clipped * adv[i])
             if cfg.is_correction != "none":
@@ -443,3 +444,27 @@ def test_is_correction_is_checked():
         LossConfig.preset("tepo", is_level="batch")
     with pytest.raises(ValueError, match="is_cap"):
         LossConfig.preset("tepo", is_cap=1.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_log_ratio_of_100_is_clamped_not_nan(method):
+    """One token whose log-ratio is 100 (bf16 drift, a bad sync) in float32: exp would give inf,
+    and inf * (A = 0) NaN, which skips the whole step. Clamped at +-20 before exp (verl's bound),
+    the loss and gradient stay finite and the clamped tokens are counted."""
+    d = {k: v.float() for k, v in make_batch(seed=23).items()}
+    d["adv"][0], d["adv"][1] = 0.0, 0.7                  # the wild token in an A = 0 sequence ...
+    d["logp"][0, 1] = d["old"][0, 1] + 100.0
+    d["logp"][1, 0] = d["old"][1, 0] - 100.0             # ... and one far below in a rewarded one
+    cfg = LossConfig.preset(method, max_new_tokens=9)
+    logp = d["logp"].clone().requires_grad_()
+    loss, m = run_loss(d, cfg, logp=logp)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert m["ratio_max"] <= math.exp(tepo.MAX_LOG_RATIO) * (1 + 1e-6)
+    if cfg.ratio == "token":                             # the two tokens, of all response tokens
+        assert m["actor/ratio_clamped_frac"].item() == pytest.approx(2 / d["mask"].sum().item())
+    else:  # a sequence's mean log-ratio: +100/len and -100/len, over 20 only for the short ones
+        lens = d["mask"].sum(1)
+        over = [i for i in (0, 1) if 100 / lens[i] > tepo.MAX_LOG_RATIO]
+        want = sum(lens[i].item() for i in over) / d["mask"].sum().item()
+        assert m["actor/ratio_clamped_frac"].item() == pytest.approx(want)
