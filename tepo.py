@@ -345,8 +345,9 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         # M = m * 1[A > 0] * 1[H < H_old]: tokens of rewarded responses whose entropy is falling.
         kl_m = mask * (A > 0) * (entropy.detach() < old_entropy)
         target = old_logp if cfg.kl_mask_target == "old" else ref_logp
+        # Over sum m whatever the policy term's aggregation (TEPO_SPEC: beta_mask sum M k3 / sum m).
         kl_mask_loss = cfg.kl_mask_coef * aggregate(kl_m * kl_estimate(logp, target, "k3"),
-                                                    mask, cfg.aggregation, **agg)
+                                                    mask, "token-mean", **agg)
         loss = loss + kl_mask_loss
 
     with torch.no_grad():

@@ -168,8 +168,8 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
         target = old if cfg.kl_mask_target == "old" else ref
         M = [[mask[i][t] * (adv[i] > 0) * (entropy[i][t] < old_entropy[i][t]) for t in range(T)]
              for i in range(B)]
-        loss += cfg.kl_mask_coef * agg([[k3(logp[i][t], target[i][t]) for t in range(T)]
-                                        for i in range(B)], M)
+        loss += cfg.kl_mask_coef * sum(M[i][t] * k3(logp[i][t], target[i][t])  # over sum m, for
+                                       for i in range(B) for t in range(T)) / ntok  # any aggregation
     return loss
 
 
@@ -318,6 +318,19 @@ def test_kl_mask_acts_exactly_where_spec_says():
     # d/dlogp of beta * k3 / ntok = beta * (1 - exp(old - logp)) / ntok
     analytic = cfg.kl_mask_coef * (1 - torch.exp(d["old"] - d["logp"])) / d["mask"].sum()
     assert torch.allclose(kl_grad[expected], analytic[expected], atol=1e-12)
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_kl_mask_term_is_over_all_response_tokens_whatever_the_aggregation(aggregation):
+    """beta_mask * sum M k3 / sum m (the spec; README): with GSPO's per-sequence mean (or Dr.GRPO's
+    norm) for the policy term, the mask term still divides by the batch's response tokens."""
+    d = make_batch(B=6, T=7, seed=29)
+    cfg = LossConfig.preset("gspo", aggregation=aggregation, max_new_tokens=9, kl_mask=True)
+    M = (d["mask"] > 0) & (d["adv"][:, None] > 0) & (d["entropy"] < d["old_entropy"])
+    delta = d["old"] - d["logp"]
+    expected = cfg.kl_mask_coef * ((torch.exp(delta) - delta - 1) * M).sum() / d["mask"].sum()
+    _, m = run_loss(d, cfg)
+    assert M.any() and m["loss/kl_mask"].item() == pytest.approx(expected.item(), rel=1e-12)
 
 
 def test_kl_mask_empty_at_theta_old():
