@@ -168,11 +168,8 @@ def setup(cfg, resume):
     if rng is not None:  # after the engine: vLLM seeds the global RNGs with its own seed when it starts
         set_rng_states(rng)
     if rank == 0:
-        for name in ("metrics.jsonl", "samples.jsonl"):  # a resumed run drops the lines logged
-            path = os.path.join(cfg.out_dir, name)        # after its checkpoint: it logs them again
-            old = open(path).readlines() if ckpt and os.path.exists(path) else []
-            with open(path, "w") as f:
-                f.writelines(ln for ln in old if json.loads(ln)["step"] <= state.step)
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            cut_back_log(os.path.join(cfg.out_dir, name), state.step if ckpt else None)
         with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
             yaml.safe_dump(config_dict(cfg), f)
     return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine,
@@ -592,6 +589,26 @@ def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
     if cfg.dynamic_sampling:
         record["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
     return record
+
+
+def cut_back_log(path, step):
+    """Keep the lines of a JSONL log up to `step` (a resumed run logs the later ones again; None:
+    none, a fresh start). A line cut off by a kill or a full disk mid-write is dropped, and said."""
+    lines = open(path, "rb").read().splitlines(keepends=True) if step is not None and os.path.exists(path) else []
+    kept, torn = [], 0
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+        except (ValueError, KeyError, TypeError):  # half a line; JSONDecodeError is a ValueError
+            torn += 1
+    if torn:
+        print(f"--resume: dropped {torn} torn line(s) of {path} (a write cut off by a kill or a full "
+              f"disk); kept the {len(kept)} whole line(s) up to step {step}")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
 
 
 def log(run, record):

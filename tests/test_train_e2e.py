@@ -70,11 +70,14 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
     run(cfg_b, "--set", "steps=2", nproc=2, patch=noisy)
     assert sorted(os.listdir(out_b)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
                                          "step_000002"]
-    # A kill after step 3 was logged, before it was saved: its lines are dropped, then logged anew.
+    # A kill after step 3 was logged, before it was saved: its lines are dropped, then logged anew;
+    # a kill in the middle of writing step 4's line left half of it: dropped too, and said.
     for name in ("metrics.jsonl", "samples.jsonl"):
         with open(os.path.join(out_b, name), "a") as f:
-            f.write(json.dumps({"step": 3, "stale": True}) + "\n")
-    run(cfg_b, "--resume", nproc=2, patch=noisy)
+            f.write(json.dumps({"step": 3, "stale": True}) + "\n" + '{"step": 4, "rew')
+    res = run(cfg_b, "--resume", nproc=2, patch=noisy)
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert f"--resume: dropped 1 torn line(s) of {out_b}/{name}" in res.stdout, res.stdout[-2000:]
 
     ma, mb = metrics(out_a), metrics(out_b)
     samples = [[json.loads(ln) for ln in open(os.path.join(out, "samples.jsonl"))] for out in (out_a, out_b)]
