@@ -179,8 +179,8 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
     """Write out_dir/step_XXXXXX: an HF model directory plus the training state, atomically.
 
     Everything goes to a `.tmp` directory that is renamed once complete (`publish`), so a crash
-    mid-save never damages the last good checkpoint; then, with `prune`, all but the newest
-    `keep_last` are removed (keep_last 0 keeps them all). `last`: also point the out_dir/final link at it.
+    mid-save never damages the last good checkpoint; then, with `prune`, the checkpoints older than
+    it are removed but for the newest `keep_last` - 1 of them (keep_last 0 keeps them all). `last`: also point the out_dir/final link at it.
     Every rank writes its optimizer shard and RNG state into the directory: out_dir must be
     shared by all nodes (`check_shared_dir`).
     """
@@ -226,8 +226,8 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
                         f"previous checkpoint ({prev}) is intact")
     if rank == 0:
         publish(tmp, final)
-        for old in list_checkpoints(cfg.out_dir)[:-cfg.keep_last] if prune and cfg.keep_last else []:
-            shutil.rmtree(old, ignore_errors=True)
+        if prune:
+            prune_checkpoints(cfg.out_dir, state.step, cfg.keep_last)
         if last:  # a new link renamed over the old one: `final` always points somewhere whole
             tmp_link = os.path.join(cfg.out_dir, f"final.{os.getpid()}.tmp")
             os.symlink(os.path.basename(final), tmp_link)
@@ -235,6 +235,16 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
             print(f"final checkpoint: {final} (also {os.path.join(cfg.out_dir, 'final')})")
     dist.barrier()
     return final
+
+
+def prune_checkpoints(out_dir, step, keep_last):
+    """After the checkpoint of `step` is published: remove the checkpoints older than it but the
+    newest keep_last - 1 of them (keep_last 0: none). A newer one is never removed: it is not this
+    run's to remove (and by step number alone, a run saving step 50 beside another run's step 150
+    with keep_last 1 would delete its own step 50)."""
+    older = [c for c in list_checkpoints(out_dir) if step_of(c) < step]
+    for old in older[:max(0, len(older) - (keep_last - 1))] if keep_last else []:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def publish(tmp, final):
@@ -256,6 +266,38 @@ def list_checkpoints(out_dir):
     steps = {n for n in names if n.startswith("step_") and n[5:].isdigit()}
     steps |= {n for n in names if n.endswith(".old") and n[:-4] not in names and n[5:-4].isdigit()}
     return [os.path.join(out_dir, n) for n in sorted(steps)]
+
+
+# What a run writes into out_dir besides its checkpoints (--overwrite removes exactly these).
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "final", "tensorboard", "wandb",
+             "wandb_run_id")
+
+
+def step_of(ckpt):
+    """The RL step of a checkpoint directory's name (step_000050 -> 50; .old counts too)."""
+    return int(re.search(r"step_(\d+)", os.path.basename(ckpt.rstrip("/"))).group(1))
+
+
+def earlier_run(out_dir):
+    """A description of the run out_dir already holds (its checkpoints, its metrics), or None."""
+    ckpts = list_checkpoints(out_dir)
+    metrics = os.path.join(out_dir, "metrics.jsonl")
+    lines = sum(1 for _ in open(metrics, "rb")) if os.path.isfile(metrics) else 0
+    parts = ([f"{len(ckpts)} checkpoint(s) up to {os.path.basename(ckpts[-1])}"] if ckpts else []) + \
+        ([f"metrics.jsonl with {lines} line(s)"] if lines else [])
+    return " and ".join(parts) or None
+
+
+def clear_run(out_dir):
+    """Remove an earlier run from out_dir: its checkpoints (complete, .tmp, .old) and RUN_FILES;
+    any other file stays."""
+    for name in os.listdir(out_dir):
+        path = os.path.join(out_dir, name)
+        if re.fullmatch(r"step_\d+(\.tmp|\.old)?", name) or name in RUN_FILES:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
 
 
 def check_shared_dir(out_dir, rank, world):
@@ -286,6 +328,41 @@ def check_shared_dir(out_dir, rank, world):
         raise RuntimeError(f"out_dir {out_dir} is not shared: rank(s) {', '.join(blind)} cannot see "
                            f"the file rank 0 wrote there. Multi-node runs need out_dir on a "
                            f"filesystem that every node mounts (NFS, Lustre, ...).")
+
+
+def checkpoint_to_resume(out_dir, resume, overwrite, rank):
+    """The checkpoint a run starts from (None: step 0), after making sure it cannot mix with, or
+    lose, another run's files in out_dir. A collective (with --overwrite: rank 0 clears, all wait).
+
+    resume None (a fresh start): out_dir must hold no checkpoint and no metrics, unless `overwrite`,
+    which removes them first. "latest": the newest checkpoint in out_dir, or none yet. A path: it,
+    provided out_dir holds nothing newer (which a later plain --resume would pick instead).
+    """
+    if resume is None:
+        found = earlier_run(out_dir)
+        if found and not overwrite:
+            raise UserError(f"out_dir {out_dir} holds another run ({found}): continue it with "
+                            f"--resume, choose a new out_dir (--set out_dir=...), or start over "
+                            f"with --overwrite, which deletes it")
+        if found and rank == 0:
+            clear_run(out_dir)
+            print(f"--overwrite: removed the earlier run in {out_dir} ({found})")
+        dist.barrier()  # nobody reads out_dir before rank 0 has cleared it
+        return None
+    if overwrite:
+        raise UserError("--overwrite starts a run afresh: it does not go with --resume")
+    found = list_checkpoints(out_dir)
+    if resume == "latest":
+        if not found and rank == 0:
+            print(f"--resume: no checkpoint in {out_dir} yet; starting from step 0")
+        return found[-1] if found else None
+    newer = [c for c in found if step_of(c) > step_of(resume)] if re.search(r"step_\d+", resume) else []
+    if newer:
+        raise UserError(f"--resume {resume}: out_dir {out_dir} holds newer checkpoints (up to "
+                        f"{os.path.basename(newer[-1])}), which a later --resume would take for this "
+                        f"run's: continue from the newest with --resume alone, or branch off into a new "
+                        f"out_dir (--set out_dir=...)")
+    return resume
 
 
 def check_checkpoint(ckpt, model_dir, world):

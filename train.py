@@ -34,8 +34,8 @@ import tepo
 from config import Config, UserError, config_dict, load_config  # noqa: F401  (train.Config too)
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
 from eval import pass_at_k
-from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, full_weights,
-                    list_checkpoints, load_policy, load_training_state, run_main, save_checkpoint,
+from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
+                    full_weights, load_policy, load_training_state, run_main, save_checkpoint,
                     set_rng_states, setup_distributed)
 from trackers import check_installed, open_trackers
 
@@ -94,8 +94,10 @@ def main(argv=None):
                     help="override a config key (repeatable; loss.clip_high=0.0005 for loss keys)")
     ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
                     help="continue from the newest checkpoint in out_dir, or from CKPT")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start afresh in an out_dir that holds another run, deleting that run")
     args = ap.parse_args(argv)
-    run = setup(load_config(args.config, args.set), args.resume)
+    run = setup(load_config(args.config, args.set), args.resume, args.overwrite)
     cfg, state = run.cfg, run.state
     if run.eval_rows and state.step == 0:
         dropped = {"eval/dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
@@ -126,9 +128,10 @@ def main(argv=None):
         tracker.close()
 
 
-def setup(cfg, resume):
+def setup(cfg, resume, overwrite=False):
     """Join the process group; read the data; build policy, reference, optimizer and engine;
-    restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir. -> Run"""
+    restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir, which a fresh
+    start shares with no other run (`overwrite` deletes one found there). -> Run"""
     rank, world, device = setup_distributed()
     if cfg.prompts_per_step % world:
         raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
@@ -138,12 +141,7 @@ def setup(cfg, resume):
     rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
     eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
     check_shared_dir(cfg.out_dir, rank, world)
-    ckpt = resume
-    if resume == "latest":
-        found = list_checkpoints(cfg.out_dir)
-        ckpt = found[-1] if found else None
-        if ckpt is None and rank == 0:
-            print(f"--resume: no checkpoint in {cfg.out_dir} yet; starting from step 0")
+    ckpt = checkpoint_to_resume(cfg.out_dir, resume, overwrite, rank)
     saved_world = world
     if ckpt:
         saved_world = check_checkpoint(ckpt, model_dir, world)

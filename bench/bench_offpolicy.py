@@ -15,6 +15,7 @@ on eval_max_problems problems). Each run's metrics.jsonl stays in --work.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -50,7 +51,8 @@ def main():
     results = {}
     for name in args.variants:
         out = os.path.abspath(os.path.join(args.work, name))
-        os.makedirs(out, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)  # scratch: a fresh start never reuses an out_dir
+        os.makedirs(out)
         cfg = dict(base, out_dir=out, loss=dict(VARIANTS[name]))
         path = os.path.join(out, "bench.yaml")
         with open(path, "w") as f:

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -35,6 +36,7 @@ def run(cmd, cwd):
 
 
 def rl_run(tree, demo_dir, out_dir, steps, extra=()):
+    shutil.rmtree(out_dir, ignore_errors=True)  # scratch: a fresh start never reuses an out_dir
     overrides = [f"model={demo_dir}/model", f"train_data={demo_dir}/data/train.jsonl",
                  f"eval_data={demo_dir}/data/test.jsonl", f"out_dir={out_dir}", f"steps={steps}",
                  "prompts_per_step=16", "eval_every=0", "save_every=0", *extra]

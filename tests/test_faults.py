@@ -179,6 +179,60 @@ def test_resume_checks_the_checkpoint(tmp_path, tiny_model_dir):
         policy.check_checkpoint(other, tiny_model_dir, 2)
 
 
+def a_finished_run(out):
+    """out_dir as an earlier run left it: a checkpoint of step 150, metrics, samples, and a file of
+    the user's. -> {name: bytes} of the run's files, to check that nothing was touched."""
+    os.makedirs(os.path.join(out, "step_000150"))
+    files = {"step_000150/trainer_state.json": b'{"step": 150}', "metrics.jsonl": b'{"step": 0}\n' * 3,
+             "samples.jsonl": b'{"step": 150}\n', "notes.txt": b"mine"}
+    for name, content in files.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(content)
+    return files
+
+
+def test_a_fresh_start_never_touches_another_runs_out_dir(tmp_path, tiny_model_dir):
+    """train.py without --resume into an out_dir that holds a run: one line naming what is there
+    and the ways on, and every file as it was (it used to truncate metrics.jsonl and, with
+    keep_last 1, prune its own new checkpoint beside the old run's newer one)."""
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "used", backend="hf")
+    files = a_finished_run(out)
+    res = train_cli("--config", cfg)
+    assert_one_line_error(res, f"out_dir {out} holds another run (1 checkpoint(s) up to step_000150 and "
+                               f"metrics.jsonl with 3 line(s)): continue it with --resume, choose a new "
+                               f"out_dir (--set out_dir=...), or start over with --overwrite")
+    res = train_cli("--config", cfg, "--resume", os.path.join(out, "step_000050"))
+    assert_one_line_error(res, "holds newer checkpoints (up to step_000150)")
+    assert_one_line_error(train_cli("--config", cfg, "--resume", "--overwrite"),
+                          "--overwrite starts a run afresh: it does not go with --resume")
+    for name, content in files.items():
+        assert open(os.path.join(out, name), "rb").read() == content, name
+
+
+def test_pruning_removes_only_older_checkpoints(tmp_path):
+    for step in (10, 20, 30, 50, 150):
+        os.makedirs(tmp_path / f"step_{step:06d}")
+    policy.prune_checkpoints(str(tmp_path), 50, keep_last=2)   # just published: step 50
+    assert sorted(os.listdir(tmp_path)) == ["step_000030", "step_000050", "step_000150"]
+    policy.prune_checkpoints(str(tmp_path), 50, keep_last=1)
+    assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
+    policy.prune_checkpoints(str(tmp_path), 50, keep_last=5)   # fewer than keep_last: all stay
+    assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
+    policy.prune_checkpoints(str(tmp_path), 150, keep_last=0)  # 0 keeps every one
+    assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
+
+
+@pytest.mark.slow
+def test_overwrite_removes_the_earlier_run_then_trains(tmp_path, tiny_model_dir):
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "again", backend="hf", steps=1, keep_last=1)
+    a_finished_run(out)
+    res = run(cfg, "--overwrite")
+    assert f"--overwrite: removed the earlier run in {out}" in res.stdout
+    assert sorted(os.listdir(out)) == ["config.yaml", "final", "metrics.jsonl", "notes.txt",
+                                       "samples.jsonl", "step_000001"]
+    assert [r["step"] for r in metrics(out)] == [1]
+
+
 # ----------------------------------------------------------------------------- rewards
 
 
