@@ -44,8 +44,9 @@ class Config:
     betas: tuple = (0.9, 0.999)          # AdamW betas
     grad_clip: float = 1.0               # max global gradient norm
     reward: str = "rule"                 # grader: rule (reward.py) | math_verify (pip install math-verify)
-    format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py)
+    format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py), < 1
     no_answer_penalty: float = 0.0       # minus this for a response with no final answer
+    wrong_reward: float | None = None    # added to a wrong answer's reward; null: -1 for dapo (its +1/-1 scale), else 0
     dynamic_sampling: bool | None = None  # DAPO: drop groups with equal rewards; null: on for dapo
     max_sampling_tries: int = 3          # dynamic sampling: batches drawn per step at most
     overlong_buffer: int | None = None   # DAPO overlong shaping; null: max_new_tokens//4 for dapo
@@ -80,6 +81,8 @@ class Config:
             self.dynamic_sampling = self.method == "dapo"
         if self.overlong_buffer is None:
             self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
+        if self.wrong_reward is None:  # DAPO scores right +1, wrong -1, then adds the overlong penalty
+            self.wrong_reward = -1.0 if self.method == "dapo" else 0.0
         for name in ("model", "train_data"):
             if not getattr(self, name):
                 raise UserError(f"config: `{name}` is required")
@@ -108,6 +111,12 @@ class Config:
             for name in names:
                 if not ok(getattr(self, name)):
                     raise UserError(f"config: {name} must be {what}, got {getattr(self, name)!r}")
+        if not self.format_reward < 1:
+            raise UserError(f"config: format_reward must be < 1, got {self.format_reward}: a reward of 1 "
+                            f"is a right answer's (math_reward's contract, which tells right from wrong)")
+        if self.overlong_buffer > self.max_new_tokens:
+            raise UserError(f"config: overlong_buffer ({self.overlong_buffer}) must be <= max_new_tokens "
+                            f"({self.max_new_tokens}): the penalty starts max_new_tokens - overlong_buffer tokens in")
         if self.group_size < 2:
             raise UserError(f"config: group_size must be >= 2, got {self.group_size}: advantages are "
                             f"relative to the group, so a group of one has advantage 0 and never trains")

@@ -21,7 +21,7 @@ Aggregation over the *global* mini-batch (all ranks and micro-batches; hence `nu
     method  ratio  eps_low/eps_high  aggregation              extra
     grpo    r      0.2 / 0.2         seq-mean-token-mean      + beta * KL(pi || pi_ref), k3, beta 0.04
     drgrpo  r      0.2 / 0.2         seq-mean-token-sum-norm  advantages not divided by std
-    dapo    r      0.2 / 0.28        token-mean               (dynamic sampling, overlong shaping: train.py)
+    dapo    r      0.2 / 0.28        token-mean               (rewards +1/-1, dynamic sampling, overlong shaping: train.py)
     gspo    s      3e-4 / 4e-4       seq-mean-token-mean
     tepo    s      3e-4 / 4e-4       token-mean               + token-level KL mask (below)
 

@@ -672,13 +672,18 @@ def sample_seed(*parts):
 
 
 def shaped_reward(cfg, grader, sample, answer):
-    """-> (reward, correct). DAPO's overlong shaping: a penalty growing linearly over the last
-    `overlong_buffer` tokens before max_new_tokens."""
+    """-> (reward, correct). `correct` is the grader's verdict: its reward is 1.0 for a right answer
+    only (format_reward < 1), whatever the shaping adds. A wrong answer's reward gets wrong_reward
+    (DAPO: right +1, wrong -1); then DAPO's overlong shaping: a penalty growing linearly over the
+    last `overlong_buffer` tokens before max_new_tokens, -overlong_factor at max_new_tokens."""
     r = grader(sample.text, answer, format_reward=cfg.format_reward,
                no_answer_penalty=cfg.no_answer_penalty)
+    correct = r >= 1.0
+    if not correct:
+        r += cfg.wrong_reward
     B, n = cfg.overlong_buffer, len(sample.response_ids)
     penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
-    return r + penalty, r >= 1.0
+    return r + penalty, correct
 
 
 def guarded_reward(cfg, grader, sample, answer, failed):
