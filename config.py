@@ -47,7 +47,7 @@ class Config:
     format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py), < 1
     no_answer_penalty: float = 0.0       # minus this for a response with no final answer
     wrong_reward: float | None = None    # added to a wrong answer's reward; null: -1 for dapo (its +1/-1 scale), else 0
-    dynamic_sampling: bool | None = None  # DAPO: drop groups with equal rewards; null: on for dapo
+    dynamic_sampling: bool | None = None  # DAPO: drop groups all right or all wrong; null: on for dapo
     max_sampling_tries: int = 3          # dynamic sampling: batches drawn per step at most
     overlong_buffer: int | None = None   # DAPO overlong shaping; null: max_new_tokens//4 for dapo
     overlong_factor: float = 1.0         # penalty at max_new_tokens

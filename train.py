@@ -183,14 +183,16 @@ def sample_and_grade(run, step, t):
     """1. Sample G responses to each of this rank's P / N prompts, and grade them.
 
     DAPO's dynamic sampling keeps only groups whose answers are neither all right nor all wrong,
-    and draws fresh prompts until every rank holds its quota (or max_sampling_tries run out).
+    and draws fresh prompts until the ranks together hold P such groups (or max_sampling_tries run
+    out; then it trains on what there is); a rank with more than its share makes up for one with
+    fewer (share_out).
     A reward call that raises or runs over reward_timeout gives 0 and is counted; more than
     max_reward_errors of them stop the run. Advances state.data_pos by P per draw; adds the seconds
     of sampling and grading to t["rollout"] and t["reward"].
     -> (groups to train on, every group drawn, {"errors", "timeouts"} over all ranks)
     """
     cfg, state = run.cfg, run.state
-    quota, groups, drawn, failed = cfg.prompts_per_step // run.world, [], [], {"errors": 0, "timeouts": 0}
+    groups, drawn, failed = [], [], {"errors": 0, "timeouts": 0}
     t["rollout"] = t["reward"] = 0.0
     for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
         prompts = take_prompts(run.rows, state.data_pos, cfg.prompts_per_step, cfg.seed)
@@ -210,8 +212,11 @@ def sample_and_grade(run, step, t):
         t["reward"] += time.perf_counter() - t1
         if not cfg.dynamic_sampling:
             break
-        groups = informative_groups(groups)[:quota]
-        if all_ranks({"short": len(groups) < quota}, "max")["short"] == 0:
+        groups = informative_groups(groups)
+        have = all_ranks({f"rank{r}": len(groups) if r == run.rank else 0 for r in range(run.world)})
+        have = [int(have[f"rank{r}"]) for r in range(run.world)]
+        if sum(have) >= cfg.prompts_per_step:
+            groups = groups[:share_out(have, cfg.prompts_per_step)[run.rank]]
             break
     n = all_ranks({"errors": failed["errors"], "timeouts": failed["timeouts"],
                    "rewards": sum(len(g.samples) for g in drawn)})
@@ -664,6 +669,18 @@ def informative_groups(groups):
     Correctness, not the shaped reward: an overlong penalty or a format reward spreads the rewards
     of a group that is all right (or all wrong) without telling a good answer from a bad one."""
     return [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
+
+
+def share_out(have, total):
+    """How many of its groups each rank keeps so that they add up to `total` (<= sum(have)): one
+    slot per rank in turn, skipping ranks that have none left, so the kept groups stay spread over
+    the ranks. have: [groups on rank r] -> [kept on rank r]."""
+    keep = [0] * len(have)
+    while sum(keep) < total:
+        for r in range(len(have)):
+            if keep[r] < have[r] and sum(keep) < total:
+                keep[r] += 1
+    return keep
 
 
 def sample_seed(*parts):

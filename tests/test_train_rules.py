@@ -1,11 +1,19 @@
 """Rules of the training step, pinned value by value: DAPO's reward scale and overlong shaping,
-"correct" as the grader's verdict (never a positive shaped reward)."""
+"correct" as the grader's verdict (never a positive shaped reward) in the step's accuracy, DAPO's
+dynamic-sampling filter and the held-out accuracy, and dynamic sampling's quota filled over all
+ranks together."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 import reward
 import rollout
 import train
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RIGHT, WRONG, NONE = "so \\boxed{7}", "so \\boxed{8}", "I give up"  # against the gold "7"
 
 
@@ -59,3 +67,79 @@ def test_correct_means_the_answer_is_right_not_that_the_reward_is_positive():
 def test_format_reward_below_one():
     with pytest.raises(train.UserError, match="format_reward must be < 1"):
         cfg(format_reward=1.0)
+
+
+@pytest.mark.parametrize("have,total,want", [
+    ([2, 2], 4, [2, 2]), ([4, 1], 4, [3, 1]), ([6, 6], 8, [4, 4]), ([10, 1], 8, [7, 1]),
+    ([0, 5, 1], 4, [0, 3, 1]), ([3, 3, 3], 7, [3, 2, 2])])
+def test_share_out(have, total, want):
+    assert train.share_out(have, total) == want
+
+
+SCRIPT = r'''
+import json, sys, torch.distributed as dist
+from types import SimpleNamespace
+sys.path.insert(0, ROOT)
+import reward, rollout, train
+from policy import TrainState
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+RIGHT, WRONG = "so \\boxed{7}", "so \\boxed{8}"
+MIXED, ALL_WRONG = [RIGHT, WRONG], [WRONG, WRONG]
+# What this rank's engine samples, call by call, for its 2 prompts (groups of 2): rank 0 has both
+# groups informative every time; rank 1 none at first, one at the second call.
+PLAN = {0: [[MIXED, MIXED]] * 3, 1: [[ALL_WRONG, ALL_WRONG], [MIXED, ALL_WRONG], [MIXED, MIXED]]}
+class Engine:
+    calls = 0
+    def generate(self, prompts, n=1, **kw):
+        Engine.calls += 1
+        held_out = prompts[0].startswith("e")
+        plan = [MIXED] * len(prompts) if held_out else PLAN[rank][Engine.calls - 1]
+        Engine.calls -= held_out
+        return [[rollout.Sample([1], [5, 6], t, [-1.0, -1.0], "stop") for t in texts] for texts in plan]
+cfg = train.Config(model="m", train_data="d", method="grpo", dynamic_sampling=True,
+                   max_sampling_tries=3, prompts_per_step=4, group_size=2, format_reward=0.5,
+                   eval_n=2, max_new_tokens=4)
+rows = [{"prompt": f"p{i}", "answer": "7"} for i in range(40)]
+run = SimpleNamespace(cfg=cfg, rank=rank, world=2, engine=Engine(), grader=reward.make_grader("rule"),
+                      rows=rows, eval_rows=[{"prompt": f"e{i}", "answer": "7"} for i in range(3)],
+                      state=TrainState())
+groups, drawn, failed = train.sample_and_grade(run, 0, {})
+record = train.step_metrics(run, 0, drawn, groups, [], {}, [], {"rollout": 1.0}, 1.0)
+out = {"calls": Engine.calls, "kept": len(groups), "drawn": len(drawn), "data_pos": run.state.data_pos,
+       "kept_correct": [g.correct for g in groups],
+       "record": {k: record[k] for k in ("reward/mean", "reward/accuracy", "reward/groups_kept")},
+       "eval": train.evaluate(run, 0)}
+parts = [None, None]
+dist.all_gather_object(parts, out)
+if rank == 0:
+    print("RESULT " + json.dumps(parts))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_dynamic_sampling_fills_the_global_quota_and_counts_by_correctness(tmp_path):
+    """2 gloo ranks, P = 4 groups of 2, a format reward of 0.5 (a wrong boxed answer earns 0.5).
+    Draw 1: rank 0 holds 2 informative groups, rank 1 none (2 of 4). Draw 2: rank 0 has 4, rank 1
+    has 1: 5 >= 4, so sampling stops there and the ranks keep 3 + 1 (the old code filled a quota
+    per rank and had every rank draw a third time). Accuracy counts right answers only: the boxed
+    wrong ones earn a positive reward but are wrong, in training and held out."""
+    script = tmp_path / "rules.py"
+    script.write_text(f"ROOT = {ROOT!r}\n" + SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", str(script)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r0, r1 = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert (r0["calls"], r1["calls"]) == (2, 2)
+    assert (r0["kept"], r1["kept"]) == (3, 1) and (r0["drawn"], r1["drawn"]) == (4, 4)
+    assert r0["data_pos"] == r1["data_pos"] == 8                  # two draws of P prompts
+    assert all(c == [True, False] for c in r0["kept_correct"] + r1["kept_correct"])
+    # drawn: rank 0 4 mixed groups (4 right of 8), rank 1 2 all-wrong + 1 mixed + 1 all-wrong (1 of 8)
+    rec = r0["record"]
+    assert rec["reward/accuracy"] == pytest.approx(5 / 16)
+    assert rec["reward/mean"] == pytest.approx((5 * 1.0 + 11 * 0.5) / 16)
+    assert rec["reward/groups_kept"] == pytest.approx(4 / 8)
+    # held out: problems 0, 2 on rank 0 and 1 on rank 1, each answered right once, wrong (boxed) once
+    assert r0["eval"]["eval/accuracy"] == pytest.approx(0.5) and r0["eval"]["eval/pass@2"] == 1.0
