@@ -334,11 +334,12 @@ def sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, upd
     record = step_metrics(run, step, drawn, groups, [s for mb in minibatches for s in mb], sums,
                           stats, t, time.perf_counter() - t_step)
     record["reward/errors"], record["reward/timeouts"] = failed["errors"], failed["timeouts"]
-    if run.eval_rows and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or step + 1 == cfg.steps):
+    last = step + 1 == cfg.steps
+    if run.eval_rows and (due(cfg.eval_every, step) or last):
         record.update(evaluate(run, step + 1))
     log(run, record)
     skipped = not all(taken for _, _, taken in stats)  # a skipped update: its batch goes on record
-    if run.rank == 0 and ((cfg.log_samples_every and step % cfg.log_samples_every == 0) or skipped):
+    if run.rank == 0 and (due(cfg.log_samples_every, step) or skipped):
         rows = [{"step": step + 1, "prompt": g.row["prompt"], "answer": g.row["answer"],
                  "response": s.text, "reward": r}
                 for g in drawn[:2] for s, r in zip(g.samples[:2], g.rewards)]
@@ -349,9 +350,9 @@ def sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, upd
     # Too many non-finite updates in a row: save this step's state as it is (the bad updates
     # were skipped, so the weights are finite) without pruning older checkpoints, and stop.
     stop = state.bad_in_a_row > cfg.max_bad_steps
-    if stop or (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+    if stop or due(cfg.save_every, step) or last:
         path = save_checkpoint(cfg, run.model, run.optimizer, run.tokenizer, state, run.rank,
-                               last=step + 1 == cfg.steps and not stop, prune=not stop)
+                               last=last and not stop, prune=not stop)
     if stop:
         raise RuntimeError(f"{state.bad_in_a_row} optimizer steps in a row had a non-finite "
                            f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped after "
@@ -669,6 +670,12 @@ def informative_groups(groups):
     Correctness, not the shaped reward: an overlong penalty or a format reward spreads the rewards
     of a group that is all right (or all wrong) without telling a good answer from a bad one."""
     return [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
+
+
+def due(every, step):
+    """Whether a periodic job (evaluation, samples, checkpoint) runs after RL step index `step`:
+    on steps every, 2 every, ... counted from 1, as the records are numbered (0: never)."""
+    return bool(every) and (step + 1) % every == 0
 
 
 def share_out(have, total):

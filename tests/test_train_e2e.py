@@ -63,10 +63,10 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
                              for p in ["What is 1 + 1?", "What is 2 + 0?", "Long " * 40 + "1 + 1?"]))
     noisy = ("--noisy-reward",)
     cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "whole", save_every=2, eval_data=str(evals),
-                             eval_every=2)
+                             eval_every=2, log_samples_every=2)
     run(cfg_a, nproc=2, patch=noisy)
     cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "resumed", save_every=2, eval_data=str(evals),
-                             eval_every=2)
+                             eval_every=2, log_samples_every=2)
     run(cfg_b, "--set", "steps=2", nproc=2, patch=noisy)
     assert sorted(os.listdir(out_b)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
                                          "step_000002"]
@@ -82,6 +82,8 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
     ma, mb = metrics(out_a), metrics(out_b)
     samples = [[json.loads(ln) for ln in open(os.path.join(out, "samples.jsonl"))] for out in (out_a, out_b)]
     assert not any("stale" in r for r in samples[1])
+    # samples every 2 steps: after steps 2 and 4, as evaluation and checkpoints, and so labelled
+    assert sorted({r["step"] for r in samples[0]}) == [2, 4]
     assert [(r["step"], r["prompt"], r["response"]) for r in samples[0]] == \
         [(r["step"], r["prompt"], r["response"]) for r in samples[1]]
     assert ma[0] == {"step": 0, "eval/accuracy": ma[0]["eval/accuracy"], "eval/dropped_long_prompts": 1,
