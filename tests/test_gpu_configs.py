@@ -4,9 +4,15 @@ chat template and generation_config), the data (../shared/data's MATH train set 
 MATH-500) and the sizes (steps, prompts, tokens). Everything else as configured: the chat
 template, activation checkpointing, bf16 sampling, the method's preset, the evaluation schedule.
 
-Each runs 2 RL steps on 2 ranks with vLLM, saves, resumes for a third step, and eval.py judges
-the result. Skips, with the reason, when ../shared is absent.
+One config per loss family runs 2 RL steps on 2 ranks with vLLM, saves, resumes for a third step,
+and eval.py judges the result: grpo (token ratio, the reference model and its KL term), dapo (token
+ratio, dynamic sampling, overlong shaping, the +1/-1 rewards) and tepo (sequence ratio, the KL
+mask). The others (drgrpo, gspo) differ from these only inside tepo.policy_loss (aggregation,
+advantages), which tests/test_tepo.py checks token by token: for them, and for every config, the
+file is loaded as train.py loads it and checked to resolve to its method's preset with the shared
+GPU settings. Skips, with the reason, when ../shared is absent.
 """
+import glob
 import json
 import os
 import subprocess
@@ -16,8 +22,8 @@ import pytest
 
 from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, make_qwen_math_model, need_shared
 
-pytestmark = pytest.mark.slow
-METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo")
+RUN = ("grpo", "dapo", "tepo")  # one per loss family (see the docstring)
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "math1.5b-*.yaml")))
 # The sizes: 2 prompts x 8 samples per step (one prompt per rank), responses of at most 24
 # tokens, 6 held-out problems. max_prompt_len stays (1024): MATH prompts fit it.
 SIZES = ["steps=2", "prompts_per_step=2", "max_new_tokens=24", "eval_max_problems=6"]
@@ -37,7 +43,21 @@ def torchrun(*args, nproc=2):
     return out
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_gpu_config_resolves_to_its_method_with_the_shared_settings(path):
+    import train
+    method = os.path.basename(path)[len("math1.5b-"):-len(".yaml")]
+    cfg = train.load_config(path)
+    assert cfg.method == method and cfg.out_dir == f"runs/math1.5b-{method}"
+    assert cfg.loss_cfg == train.tepo.LossConfig.preset(method, max_new_tokens=cfg.max_new_tokens)
+    assert (cfg.model, cfg.train_data, cfg.prompt_template) == ("Qwen/Qwen2.5-Math-1.5B",
+                                                               "data/math_train.jsonl", None)
+    assert (cfg.dtype, cfg.activation_checkpointing, cfg.share_prompt) == ("bfloat16", True, False)
+    assert (cfg.prompts_per_step, cfg.group_size, cfg.max_new_tokens) == (128, 8, 3072)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", RUN)
 def test_gpu_config_runs_resumes_and_evaluates(method, qwen_model, tmp_path):
     evals = tmp_path / "math500_slice.jsonl"
     with open(os.path.join(DATA_DIR, "math500.jsonl")) as f:
