@@ -35,7 +35,8 @@ class Config:
     temperature: float = 1.0             # sampling temperature, also used for the trainer's log-probs
     top_p: float = 1.0                   # nucleus sampling (1.0 keeps sampler and trainer exact)
     num_minibatches: int = 4             # optimizer steps per RL step
-    micro_batch_tokens: int = 16384      # padded tokens per forward/backward on one rank
+    micro_batch_tokens: int = 16384      # tokens per forward/backward on one rank
+    micro_batch_layout: str = "packed"   # packed | grouped (the layout of before): train.micro_batches
     lr: float = 1e-6                     # AdamW peak learning rate
     lr_schedule: str = "constant"        # constant | cosine, after the warm-up
     warmup_steps: int = 0                # RL steps of linear warm-up
@@ -76,7 +77,6 @@ class Config:
                 "max_new_tokens": self.max_new_tokens, **self.loss})
         except (TypeError, ValueError) as e:
             raise UserError(f"config: {e}") from None
-        self.share_prompt = not self.activation_checkpointing  # see tepo.response_logprobs
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.method == "dapo"
         if self.overlong_buffer is None:
@@ -89,7 +89,8 @@ class Config:
         for name, allowed in (("reward", ("rule", "math_verify")), ("backend", ("vllm", "hf")),
                               ("train_dtype", ("auto", "float32", "bfloat16")),
                               ("dtype", ("auto", "float32", "bfloat16", "float16")),
-                              ("lr_schedule", ("constant", "cosine"))):
+                              ("lr_schedule", ("constant", "cosine")),
+                              ("micro_batch_layout", ("packed", "grouped"))):
             if getattr(self, name) not in allowed:
                 raise UserError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
         bad = [x for x in self.loggers if x not in ("jsonl", "tensorboard", "wandb")]

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+import tepo
 from config import UserError, config_dict
 
 
@@ -108,7 +109,8 @@ def watch_launcher(parent, period=LAUNCHER_POLL_S):
 
 
 def load_model(path):
-    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built.
+    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built,
+    attending with tepo.segment_attention (SDPA, and the packed layout's segments).
 
     The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
     Built modules copy their dropout rate from the config at construction (Qwen2's attention
@@ -124,7 +126,7 @@ def load_model(path):
     for m in model.modules():  # and any nn.Dropout the config does not name
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    return model
+    return tepo.use_segment_attention(model)  # packed micro-batches (train.micro_batches)
 
 
 def load_policy(path, cfg, device, trainable=True):

@@ -401,19 +401,74 @@ def finish_metrics(summed):
 # ----------------------------------------------------------------------------- a model's log-probs
 
 
-def response_logprobs(model, batch, temperature, with_entropy, share_prompt=True):
-    """Log-probs (b, R) of one prompt's b responses under `model`, and their entropy (b, R) or None.
+def segment_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                      segments=None, **kwargs):
+    """Attention over a packed row, one segment at a time: the exact variable-length path on any
+    device. query (1, H, T, D), key and value (1, KVH, T, D) -> (1, T, H, D).
 
-    `batch`: "prompt" (1, p) token ids, "resp" (b, R) right-padded response ids (train.collate).
-    With `share_prompt`, the prompt runs once and its KV cache is repeated for the b responses,
-    which continue from it: (b - 1) prompt passes saved, the same values and gradients (they flow
-    back through the cache). HF drops the cache under activation checkpointing, so then every row
-    holds its own copy of the prompt. No attention mask: padding sits at the right end of the
-    responses, and causal attention never looks right.
+    `segments` (from the model call's keyword arguments; HF passes them through every layer, and
+    through activation checkpointing's recompute) lists (start, end, prompt_start, prompt_end): a
+    prompt attends causally to itself (prompt_end = 0); a response attends to its prompt and
+    causally to itself (bottom-right causal over prompt + response keys). So one prompt serves all
+    the responses packed after it, and no token sees another sequence. Without `segments` this is
+    SDPA as usual (prompt-only and dummy calls, the reference model's other uses).
     """
-    prompt, resp = batch["prompt"], batch["resp"]
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if segments is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                      dropout=dropout, **kwargs)
+    from torch.nn.attention.bias import causal_lower_right
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = []
+    for s, e, ps, pe in segments:
+        if pe == 0:
+            out.append(sdpa(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
+                            scale=scaling, enable_gqa=True))
+        else:
+            k = torch.cat([key[:, :, ps:pe], key[:, :, s:e]], dim=2)
+            v = torch.cat([value[:, :, ps:pe], value[:, :, s:e]], dim=2)
+            out.append(sdpa(query[:, :, s:e], k, v, attn_mask=causal_lower_right(e - s, k.shape[2]),
+                            scale=scaling, enable_gqa=True))
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+def use_segment_attention(model):
+    """Make `model` (a transformers model) attend with segment_attention: the same as SDPA until a
+    call passes `segments`. -> model"""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+    AttentionInterface.register("tepo_segments", segment_attention)
+    AttentionMaskInterface.register("tepo_segments", sdpa_mask)  # else HF builds no mask at all
+    model.set_attn_implementation("tepo_segments")
+    return model
+
+
+def response_logprobs(model, batch, temperature, with_entropy):
+    """Log-probs (b, R) of a micro-batch's b responses under `model`, and their entropy (b, R) or
+    None. Two layouts (train.collate makes them):
+
+    "packed" (train.py's): one row (1, T) holding each prompt once, then its responses, with no
+    padding: "ids", "pos" (positions: a response goes on from its prompt's length), "segments"
+    (segment_attention: which keys each segment sees), "keep" (K,) the row positions whose logits
+    predict the K response tokens "targets" (1, K) (a response's first token is predicted from its
+    prompt's last position, so that position is kept once per response), and "spans" (b, R) where
+    each response's tokens lie in those K (padding: any). Every position computed is a real token.
+
+    "grouped" (the layout of before, to measure against): "prompt" (1, p) and its b responses
+    "resp" (b, R) right-padded to the longest; the prompt runs once and its KV cache is repeated
+    for the responses, unless "rows" asks for every row to hold its own copy (HF keeps no cache
+    under activation checkpointing).
+    """
+    resp = batch["resp"]
     b, R = resp.shape
-    if not share_prompt:
+    if "ids" in batch:
+        logits = model(input_ids=batch["ids"], position_ids=batch["pos"], logits_to_keep=batch["keep"],
+                       use_cache=False, segments=batch["segments"]).logits          # (1, K, V)
+        logp, ent = token_logprobs_entropy(logits, batch["targets"], temperature, with_entropy)
+        spans = batch["spans"]                                                     # (b, R)
+        return logp[0][spans], ent[0][spans] if with_entropy else None
+    prompt = batch["prompt"]
+    if batch.get("rows"):
         ids = torch.cat([prompt.expand(b, -1), resp], dim=1)
         logits = model(input_ids=ids, logits_to_keep=R + 1, use_cache=False).logits[:, :-1]
         return token_logprobs_entropy(logits, resp, temperature, with_entropy)

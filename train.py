@@ -6,10 +6,12 @@ Every rank holds a shard of the policy (FSDP2) and its own rollout engine (rollo
 its own share of the prompts. One RL step is five calls in `main`:
   1. sample_and_grade  P prompts (P / N per rank), G responses each; graded by reward.py, with
                        DAPO's overlong shaping and dynamic sampling where configured
-  2. make_sequences    group advantages; one Sequence per response; `num_minibatches` mini-batches
+  2. make_sequences    group advantages; one Sequence per response; `num_minibatches` mini-batches,
+                       dealt over the ranks by tokens (balance_ranks)
   3. old_logprobs      log-probs and entropy of the policy that sampled (no grad); reference's
-  4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that fit
-                       a token budget, the loss normalised by counts summed over all ranks
+  4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that
+                       pack each prompt once and its responses into a token budget, the loss
+                       normalised by counts summed over all ranks
   5. sync_and_log      full weights from FSDP2 into the engine; metrics.jsonl; samples; checkpoint
 Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
 TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
@@ -56,7 +58,7 @@ class Sequence:
     """One response as the update sees it. Per-token tensors are (R,), R = len(resp); the old and
     reference values are filled in by exactly one pass each (old_logprobs, or the first
     mini-batch's own forward: keep_as_old)."""
-    gid: int                 # its group (prompt) in this rank's batch
+    gid: tuple               # its group (prompt): (the rank that sampled it, index there)
     prompt: list             # prompt token ids
     resp: list               # response token ids (R,)
     adv: float               # A_i, broadcast over its tokens
@@ -109,7 +111,7 @@ def main(argv=None):
         groups, drawn, failed = sample_and_grade(run, step, t)       # 1
         run.engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
         t0 = time.perf_counter()
-        minibatches = make_sequences(groups, cfg)                    # 2
+        minibatches = balance_ranks(make_sequences(groups, cfg, run.rank))  # 2
         old_logprobs(run, minibatches)                               # 3
         t["old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -229,20 +231,57 @@ def sample_and_grade(run, step, t):
     return groups, drawn, {"errors": n["errors"], "timeouts": n["timeouts"]}
 
 
-def make_sequences(groups, cfg):
+def make_sequences(groups, cfg, rank=0):
     """2. Group advantages, one Sequence per response, in `num_minibatches` mini-batches.
 
     A sequence with A = 0 carries no gradient, so the update skips it (train=False), unless a
-    KL-to-reference term reads it. -> list of mini-batches, each a list of Sequence
+    KL-to-reference term reads it. -> list of mini-batches, each a list of Sequence (this rank's
+    share of the global mini-batch: every rank's k-th list together; balance_ranks deals them anew)
     """
     seqs = []
     for gid, g in enumerate(groups):
         adv = tepo.group_advantages(torch.tensor(g.rewards), cfg.group_size, cfg.loss_cfg.adv_std_norm)
         for s, a in zip(g.samples, adv.tolist()):
-            seqs.append(Sequence(gid, s.prompt_ids, s.response_ids, a,
+            seqs.append(Sequence((rank, gid), s.prompt_ids, s.response_ids, a,
                                  train=a != 0 or cfg.loss_cfg.kl_coef > 0,
                                  rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32)))
     return [[seqs[i] for i in idx] for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
+
+
+def balance_ranks(minibatches):
+    """Deal each global mini-batch's sequences over the ranks so that every rank computes about the
+    same number of tokens. A collective. -> this rank's mini-batches
+
+    Each rank samples its own prompts, so one rank may hold far more tokens than another (response
+    lengths vary widely), and lock-step makes every rank wait for the busiest. The loss and its
+    gradient do not change: every normalisation is by global counts, and mini-batch k still holds
+    the same sequences over all ranks. The longest units go first, each to the least-loaded rank
+    (ties: the lowest); a unit is the part of a group in the mini-batch, so that its prompt still
+    runs once.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world == 1:
+        return minibatches
+    everyone = [None] * world
+    dist.all_gather_object(everyone, minibatches)
+    return [deal([part[k] for part in everyone])[rank] for k in range(len(minibatches))]
+
+
+def deal(parts):
+    """balance_ranks' rule on one mini-batch: [sequences held by rank r] -> [sequences dealt to
+    rank r], the same on every rank. Units (a group's sequences: its prompt once, its responses),
+    largest first, each to the least-loaded rank."""
+    units = {}
+    for part in parts:
+        for s in part:
+            units.setdefault(s.gid, []).append(s)
+    cost = {key: len(u[0].prompt) + sum(len(s.resp) for s in u) for key, u in units.items()}
+    load, out = [0] * len(parts), [[] for _ in parts]
+    for key in sorted(units, key=lambda key: (-cost[key], key)):
+        r = min(range(len(parts)), key=lambda r: (load[r], r))
+        load[r] += cost[key]
+        out[r] += units[key]
+    return out
 
 
 @torch.no_grad()
@@ -377,7 +416,8 @@ def global_counts(minibatches):
 
 def lockstep_forwards(model, seqs, cfg, device, with_entropy, grad=False):
     """Yield (micro-batch, collated batch, logp (b, R), entropy (b, R) or None) for `seqs`, in
-    micro-batches of one prompt's responses. A collective.
+    micro-batches of about cfg.micro_batch_tokens tokens (micro_batches; cfg.micro_batch_layout).
+    A collective.
 
     Why lock-step: every forward of an FSDP2 model all-gathers its weights with the other ranks,
     and every backward reduce-scatters the gradients, so all ranks must make the same number of
@@ -385,25 +425,25 @@ def lockstep_forwards(model, seqs, cfg, device, with_entropy, grad=False):
     dummy calls (contributing nothing) until it has made as many as the busiest rank. With `grad`,
     the caller runs each yielded batch's backward before asking for the next.
     """
-    mbs = micro_batches(seqs, cfg.micro_batch_tokens)
+    layout, rows = cfg.micro_batch_layout, cfg.activation_checkpointing  # rows: HF keeps no cache
+    mbs = micro_batches(seqs, cfg.micro_batch_tokens, layout)
     busiest = int(all_ranks({"n": len(mbs)}, "max")["n"])
     for mb in mbs:
-        batch = collate(mb, device)
+        batch = collate(mb, device, layout, rows)
         with torch.set_grad_enabled(grad):
-            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy,
-                                          cfg.share_prompt)
+            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy)
         yield mb, batch, logp, ent
     for _ in range(busiest - len(mbs)):
-        dummy_forward(model, grad, cfg.share_prompt)
+        dummy_forward(model, grad, layout, rows)
 
 
-def dummy_forward(model, backward, share_prompt):
-    """The calls of a one-token micro-batch, contributing nothing: see `lockstep_forwards`."""
+def dummy_forward(model, backward, layout, rows):
+    """The calls of a one-token micro-batch in `layout`, contributing nothing: see
+    `lockstep_forwards`."""
     device = next(model.parameters()).device
-    tiny = {"prompt": torch.zeros(1, 1, dtype=torch.long, device=device),
-            "resp": torch.zeros(1, 1, dtype=torch.long, device=device)}
+    one = Sequence((0, 0), [0], [0], 0.0, False, torch.zeros(1))
     with torch.set_grad_enabled(backward):
-        logp, _ = tepo.response_logprobs(model, tiny, 1.0, False, share_prompt)
+        logp, _ = tepo.response_logprobs(model, collate([one], device, layout, rows), 1.0, False)
     if backward:
         logp.sum().mul(0.0).backward()
 
@@ -489,17 +529,39 @@ def add_metrics(sums, metrics):
 # ----------------------------------------------------------------------------- batches
 
 
-def micro_batches(seqs, budget):
-    """Split sequences into micro-batches of responses to one prompt, of at most `budget` tokens.
+def micro_batches(seqs, budget, layout="packed"):
+    """Split sequences into micro-batches (one forward and backward each) of about `budget`
+    computed positions.
 
-    A micro-batch holds one prompt's responses (all G of them, or a part when they do not fit
-    `budget` padded tokens), so the prompt can run once for all of them (`response_logprobs`);
-    longest first, so responses of similar length are padded together.
+    "packed": each prompt's responses (its part of the set) with the prompt once, as a unit of
+    p + sum(R_i) real tokens; units, largest first, fill micro-batches of at most `budget` tokens
+    (a unit that alone passes it is cut into several, each with its own copy of the prompt).
+    Nothing is padded. "grouped" (the layout of before): one prompt's responses, padded to the
+    longest, b x (p + R) <= budget.
     """
     groups = {}
     for s in seqs:
         groups.setdefault(s.gid, []).append(s)
     out = []
+    if layout == "packed":
+        units = []
+        for group in groups.values():
+            cur, size = [], len(group[0].prompt)
+            for s in group:
+                if cur and size + len(s.resp) > budget:
+                    units.append(cur)
+                    cur, size = [], len(group[0].prompt)
+                cur.append(s)
+                size += len(s.resp)
+            units.append(cur)
+        size = lambda unit: len(unit[0].prompt) + sum(len(s.resp) for s in unit)  # noqa: E731
+        cur = []
+        for unit in sorted(units, key=size, reverse=True):
+            if cur and sum(map(size, cur)) + size(unit) > budget:
+                out.append([s for u in cur for s in u])
+                cur = []
+            cur.append(unit)
+        return out + [[s for u in cur for s in u]] if cur else out
     for group in groups.values():
         group = sorted(group, key=lambda s: len(s.resp), reverse=True)
         cur = []
@@ -512,25 +574,61 @@ def micro_batches(seqs, budget):
     return out
 
 
-def collate(mb, device):
-    """One prompt (1, p) and its responses right-padded to (b, R), with (b, R) response tensors:
-    mask, and whichever per-token values all the sequences carry (old/ref/rollout log-probs).
-    All: the reference pass takes one prompt's trained responses from every mini-batch, and when
-    a group is split over mini-batches only those past the first carry old log-probs yet."""
+def computed_tokens(mbs, layout="packed", rows=False):
+    """The positions a forward of these micro-batches computes, padding included: each prompt once
+    plus every response token (packed); p + b x R per micro-batch of one prompt (grouped), or
+    b x (p + R) when every row holds its own prompt (`rows`: activation checkpointing)."""
+    if layout == "packed":
+        return sum(sum({s.gid: len(s.prompt) for s in mb}.values()) + sum(len(s.resp) for s in mb)
+                   for mb in mbs)
+    return sum((len(mb) if rows else 1) * len(mb[0].prompt) + len(mb) * max(len(s.resp) for s in mb)
+               for mb in mbs)
+
+
+def collate(mb, device, layout="packed", rows=False):
+    """The tensors of one micro-batch for tepo.response_logprobs, in `layout` (see there):
+    "packed": one row (1, T) of each prompt once then its responses, their positions (1, T), the
+    attention segments, the K logits to keep and their targets (1, K), and each response's span
+    in them (b, R); "grouped": the one prompt (1, p) (and `rows`: a copy in every row). Both: the
+    responses right-padded to (b, R), and (b, R) response tensors: mask, and whichever per-token
+    values all the sequences carry (old/ref/rollout log-probs). All: the reference pass takes
+    trained responses from every mini-batch, and when a group is split over mini-batches only
+    those past the first carry old log-probs yet."""
     R = max(len(s.resp) for s in mb)
     resp = torch.zeros(len(mb), R, dtype=torch.long)
     mask = torch.zeros(len(mb), R)
     for b, s in enumerate(mb):
         resp[b, :len(s.resp)] = torch.tensor(s.resp)
         mask[b, :len(s.resp)] = 1
-    out = {"prompt": torch.tensor([mb[0].prompt]), "resp": resp, "mask": mask,
-           "adv": torch.tensor([s.adv for s in mb], dtype=torch.float32)}
+    out = {"resp": resp, "mask": mask, "adv": torch.tensor([s.adv for s in mb], dtype=torch.float32)}
+    if layout == "packed":
+        ids, pos, segments, keep, targets, spans = [], [], [], [], [], torch.zeros(len(mb), R, dtype=torch.long)
+        prompt_at = {}  # gid -> (start, end) of its prompt in the row
+        for b, s in enumerate(mb):
+            if s.gid not in prompt_at:
+                prompt_at[s.gid] = (len(ids), len(ids) + len(s.prompt))
+                segments.append((len(ids), len(ids) + len(s.prompt), 0, 0))
+                ids += s.prompt
+                pos += range(len(s.prompt))
+            ps, pe = prompt_at[s.gid]
+            start = len(ids)
+            segments.append((start, start + len(s.resp), ps, pe))
+            ids += s.resp
+            pos += range(pe - ps, pe - ps + len(s.resp))
+            spans[b] = len(keep) + torch.arange(R).clamp(max=len(s.resp) - 1)
+            keep += [pe - 1] + list(range(start, start + len(s.resp) - 1))  # what predicts each token
+            targets += s.resp
+        out.update(ids=torch.tensor([ids]), pos=torch.tensor([pos]), keep=torch.tensor(keep),
+                   targets=torch.tensor([targets]), spans=spans, segments=segments)
+    else:
+        out["prompt"] = torch.tensor([mb[0].prompt])
+        out["rows"] = rows
     for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp"):
         if all(getattr(s, key) is not None for s in mb):
             out[key] = torch.zeros(len(mb), R)
             for b, s in enumerate(mb):
                 out[key][b, :len(s.resp)] = getattr(s, key)
-    return {k: v.to(device) for k, v in out.items()}
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------- metrics, evaluation

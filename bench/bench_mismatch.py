@@ -9,8 +9,7 @@ The GPU config samples with vLLM in bf16 (`dtype: bfloat16`) and trains with FSD
 the sampler's weights, so the log-probs should agree up to numerics. For each model this bench
 samples one fixed batch (generate seed 1234) with vLLM (in-process, rollout.make_engine) in float32 and in
 bfloat16, then recomputes the log-probs of the very same responses with the trainer's code
-(tepo.response_logprobs over train.micro_batches/collate, share_prompt=False as under the GPU
-config's activation checkpointing) in four trainer modes:
+(tepo.response_logprobs over train.micro_batches/collate, packed as in training) in four trainer modes:
   fp32          policy.load_policy, FSDP2 over a 1-rank gloo group, train_dtype float32
   bf16-fsdp2    policy.load_policy with train_dtype bfloat16: MixedPrecisionPolicy(param bf16,
                 reduce fp32), the GPU path (falls back to autocast, printing the error, if it fails)
@@ -68,7 +67,7 @@ def sample(model_dir, prompts, dtype, args):
                            temperature=args.temperature, seed=1234)
     dt = time.time() - t0
     engine.close()
-    seqs = [train.Sequence(g, s.prompt_ids, s.response_ids, 0.0, True,
+    seqs = [train.Sequence((0, g), s.prompt_ids, s.response_ids, 0.0, True,
                            rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32))
             for g, group in enumerate(outs) for s in group if s.response_ids]
     print(f"  sampled {len(seqs)} responses in {dtype} ({sum(len(s.resp) for s in seqs)} "
@@ -84,8 +83,8 @@ def trainer_models(model_dir, temperature):
     try:
         m = policy.load_policy(model_dir, train.Config(**base, train_dtype="bfloat16"),
                               torch.device("cpu"), trainable=True)
-        probe = {"prompt": torch.zeros(1, 2, dtype=torch.long), "resp": torch.zeros(2, 3, dtype=torch.long)}
-        tepo.response_logprobs(m, probe, temperature, False, False)[0].sum().backward()
+        probe = train.collate([train.Sequence((0, 0), [0, 0], [0, 0, 0], 0.0, True, torch.zeros(3))], "cpu")
+        tepo.response_logprobs(m, probe, temperature, False)[0].sum().backward()
         m.zero_grad(set_to_none=True)
         out["bf16-fsdp2"] = (m, False)
     except Exception as e:  # noqa: BLE001 - reported, then the autocast fallback is the bf16 path
@@ -100,8 +99,7 @@ def trainer_logprobs(model, autocast, seqs, args, grad=False):
     for mb in train.micro_batches(seqs, args.micro_batch_tokens):
         batch = train.collate(mb, "cpu")
         with torch.set_grad_enabled(grad), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-            logp, _ = tepo.response_logprobs(model, batch, args.temperature, False,
-                                             share_prompt=False)
+            logp, _ = tepo.response_logprobs(model, batch, args.temperature, False)
         for b, s in enumerate(mb):
             out[id(s)] = logp[b, :len(s.resp)].detach().float()
     return torch.cat([out[id(s)] for s in seqs])

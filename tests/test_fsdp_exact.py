@@ -1,5 +1,6 @@
 """Two FSDP2 ranks, each with half of a batch, produce exactly the gradient of one process with all
-of it: the loss normalisation by global counts plus summed (not averaged) rank gradients."""
+of it: the loss normalisation by global counts plus summed (not averaged) rank gradients. And when
+one rank sampled everything, balance_ranks deals the sequences out evenly, the gradient unchanged."""
 import os
 import subprocess
 import sys
@@ -23,24 +24,25 @@ for gid in range(4):                       # 4 prompts x 3 responses, ragged len
     for j in range(3):
         n = 2 + (gid * 3 + j) % 5
         resp = torch.randint(2, 100, (n,), generator=g).tolist()
-        seqs.append(train.Sequence(gid, prompt, resp, float(torch.randn(1, generator=g)), True, torch.zeros(n)))
+        seqs.append(train.Sequence((0, gid), prompt, resp, float(torch.randn(1, generator=g)), True, torch.zeros(n)))
 num_tokens, num_seqs = sum(len(s.resp) for s in seqs), len(seqs)
 cfg = tepo.LossConfig.preset("dapo")
 
-def forwards(model, my_seqs, share, fsdp):
-    """(batch, logp) per micro-batch; lockstep_forwards is a collective: FSDP ranks only."""
+def forwards(model, my_seqs, share, fsdp, layout="packed"):
+    """(batch, logp) per micro-batch; lockstep_forwards is a collective: FSDP ranks only. The plain
+    reference is the layout of before (one prompt per micro-batch, padded), with no prompt shared."""
     tcfg = train.Config(model="m", train_data="d", micro_batch_tokens=40, temperature=1.0,
-                        activation_checkpointing=not share)
+                        activation_checkpointing=not share, micro_batch_layout=layout)
     if fsdp:
         for _, b, logp, _ in train.lockstep_forwards(model, my_seqs, tcfg, torch.device("cpu"), False, grad=True):
             yield b, logp
         return
-    for mb in train.micro_batches(my_seqs, budget=40):
-        b = train.collate(mb, torch.device("cpu"))
-        yield b, tepo.response_logprobs(model, b, 1.0, False, share)[0]
+    for mb in train.micro_batches(my_seqs, budget=40, layout="grouped"):
+        b = train.collate(mb, torch.device("cpu"), "grouped", rows=not share)
+        yield b, tepo.response_logprobs(model, b, 1.0, False)[0]
 
-def grads(model, my_seqs, share, fsdp):
-    for b, logp in forwards(model, my_seqs, share, fsdp):
+def grads(model, my_seqs, share, fsdp, layout="packed"):
+    for b, logp in forwards(model, my_seqs, share, fsdp, layout):
         old = logp.detach() - 0.05             # ratios != 1, some clipped
         loss, _ = tepo.policy_loss(logp, old, b["adv"], b["mask"], cfg, num_tokens=num_tokens, num_seqs=num_seqs)
         loss.backward()
@@ -48,14 +50,27 @@ def grads(model, my_seqs, share, fsdp):
             for n, p in model.named_parameters()}
 
 fsdp = policy.load_policy(path, train.Config(model=path, train_data="x"), torch.device("cpu"))
-mine = [s for s in seqs if s.gid % 2 == rank]   # rank 0 gets prompts 0, 2; rank 1 gets 1, 3
-got = grads(fsdp, mine, share=True, fsdp=True)     # the plain reference below shares nothing
-if rank == 0:
-    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    want = grads(plain, seqs, share=False, fsdp=False)
+plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+want = grads(plain, seqs, share=False, fsdp=False)  # one process, every sequence: the reference
+
+def check(got, what):
     for n in want:
         err = (got[n] - want[n]).abs().max().item()
-        assert err < 1e-6 * max(1.0, want[n].abs().max().item()), (n, err)
+        assert err < 1e-6 * max(1.0, want[n].abs().max().item()), (what, n, err)
+
+mine = [s for s in seqs if s.gid[1] % 2 == rank]   # rank 0 gets prompts 0, 2; rank 1 gets 1, 3
+for layout in ("grouped", "packed"):
+    fsdp.zero_grad(set_to_none=True)
+    check(grads(fsdp, mine, share=True, fsdp=True, layout=layout), f"halves, {layout}")
+# All on rank 0, none on rank 1: balance_ranks deals them out (by groups: each prompt runs once),
+# and the gradient stays.
+fsdp.zero_grad(set_to_none=True)
+(dealt,) = train.balance_ranks([seqs if rank == 0 else []])
+tokens = [None, None]
+dist.all_gather_object(tokens, sum(len(s.resp) for s in dealt) + sum({s.gid: len(s.prompt) for s in dealt}.values()))
+assert min(tokens) > 0 and max(tokens) / (sum(tokens) / 2) < 1.10, tokens
+check(grads(fsdp, dealt, share=True, fsdp=True), "dealt")
+if rank == 0:
     print("EXACT", flush=True)
 dist.destroy_process_group()
 '''

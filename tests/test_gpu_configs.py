@@ -52,7 +52,7 @@ def test_every_gpu_config_resolves_to_its_method_with_the_shared_settings(path):
     assert cfg.loss_cfg == train.tepo.LossConfig.preset(method, max_new_tokens=cfg.max_new_tokens)
     assert (cfg.model, cfg.train_data, cfg.prompt_template) == ("Qwen/Qwen2.5-Math-1.5B",
                                                                "data/math_train.jsonl", None)
-    assert (cfg.dtype, cfg.activation_checkpointing, cfg.share_prompt) == ("bfloat16", True, False)
+    assert (cfg.dtype, cfg.activation_checkpointing, cfg.micro_batch_layout) == ("bfloat16", True, "packed")
     assert (cfg.prompts_per_step, cfg.group_size, cfg.max_new_tokens) == (128, 8, 3072)
 
 

@@ -65,21 +65,40 @@ def test_take_prompts_is_a_seeded_epoch_stream():
     assert data.take_prompts(rows, 0, 10, seed=4) != a[:10]
 
 
-def test_micro_batches_hold_one_prompt_within_the_token_budget():
-    seqs = [train.Sequence(g, [0] * p, [0] * r, 0.0, True, torch.zeros(r))
+def ragged_seqs():
+    return [train.Sequence((0, g), [0] * p, [0] * r, 0.0, True, torch.zeros(r))
             for g, p, rs in [(0, 5, (3, 17, 9, 9)), (1, 2, (30, 2, 11)), (2, 4, (1,))] for r in rs]
-    mbs = train.micro_batches(seqs, budget=60)
+
+
+def test_grouped_micro_batches_hold_one_prompt_within_the_token_budget():
+    seqs = ragged_seqs()
+    mbs = train.micro_batches(seqs, budget=60, layout="grouped")
     assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in seqs)
     for mb in mbs:
         assert len({s.gid for s in mb}) == 1                         # one prompt per micro-batch
         assert len(mb) * (len(mb[0].prompt) + max(len(s.resp) for s in mb)) <= 60 or len(mb) == 1
-    assert len(train.micro_batches(seqs, budget=10**6)) == 3          # one per prompt
+    assert len(train.micro_batches(seqs, budget=10**6, layout="grouped")) == 3   # one per prompt
+    assert train.computed_tokens(mbs, "grouped") == sum(len(mb[0].prompt) + len(mb) * len(mb[0].resp)
+                                                         for mb in mbs)
+
+
+def test_packed_micro_batches_hold_each_prompt_once_and_no_padding():
+    seqs = ragged_seqs()   # prompts of 5, 2, 4 tokens; responses (3, 17, 9, 9), (30, 2, 11), (1,)
+    mbs = train.micro_batches(seqs, budget=60, layout="packed")
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in seqs)
+    # units (a prompt once + its responses): 5 + 38 = 43, 2 + 43 = 45, 4 + 1 = 5; largest first
+    assert [[len(s.resp) for s in mb] for mb in mbs] == [[30, 2, 11], [3, 17, 9, 9, 1]]   # 45 | 43 + 5
+    assert train.computed_tokens(mbs, "packed") == 45 + 43 + 5 == sum(len(s.resp) for s in seqs) + 11
+    # a group over the budget is cut into units, each with its prompt: 2 + 30 + 2 | 2 + 11
+    mbs = train.micro_batches(seqs, budget=44, layout="packed")
+    assert [[len(s.resp) for s in mb] for mb in mbs] == [[3, 17, 9, 9], [30, 2], [11, 1]]
+    assert [train.computed_tokens([mb], "packed") for mb in mbs] == [43, 34, 2 + 11 + 4 + 1]
 
 
 def test_collate_takes_a_value_only_when_every_sequence_carries_it():
     # GRPO's reference pass: one prompt's responses split over mini-batches 0 and 1, where only
     # mini-batch 1's have old log-probs yet (mini-batch 0's come from the update's own forward)
-    seqs = [train.Sequence(0, [5, 6], [7] * n, 0.5, True, torch.zeros(n)) for n in (3, 2, 4)]
+    seqs = [train.Sequence((0, 0), [5, 6], [7] * n, 0.5, True, torch.zeros(n)) for n in (3, 2, 4)]
     seqs[0].old_logp, seqs[0].old_entropy = torch.full((3,), -1.0), torch.ones(3)
     batch = train.collate(seqs, torch.device("cpu"))
     assert "old_logp" not in batch and "old_entropy" not in batch and batch["rollout_logp"].shape == (3, 4)
@@ -89,26 +108,32 @@ def test_collate_takes_a_value_only_when_every_sequence_carries_it():
     assert got == [[-2.0] * 3 + [0.0], [-2.0] * 2 + [0.0] * 2, [-2.0] * 4]
 
 
-@pytest.mark.parametrize("share_prompt", [True, False])
-def test_response_logprobs_match_a_per_sequence_forward(tmp_path, share_prompt):
-    """One prompt's padded responses, with or without the shared prompt pass, give the log-probs,
-    entropies and gradients of a plain forward of each sequence alone."""
+@pytest.mark.parametrize("layout,rows", [("packed", False), ("grouped", False), ("grouped", True)])
+def test_response_logprobs_match_a_per_sequence_forward(tmp_path, layout, rows):
+    """A micro-batch's responses, packed after their prompts (of different lengths, each once), or
+    one prompt's responses padded after its shared pass (or with a copy per row), give the
+    log-probs, entropies and gradients of a plain forward of each sequence alone."""
     from transformers import AutoModelForCausalLM
     path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = tepo.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(2, 100, (6,), generator=g).tolist()
-    seqs = [train.Sequence(0, prompt, torch.randint(2, 100, (n,), generator=g).tolist(), 0.5, True,
-                           torch.zeros(n)) for n in (3, 1, 7, 6)]
-    batch = train.collate(seqs, torch.device("cpu"))
-    logp, ent = tepo.response_logprobs(model, batch, 0.8, True, share_prompt)
+    shared = torch.randint(2, 100, (6,), generator=g).tolist()
+    prompts = [torch.randint(2, 100, (p,), generator=g).tolist() for p in (6, 2, 9)]
+    grouped = layout == "grouped"
+    seqs = [train.Sequence((0, 0 if grouped else k), shared if grouped else prompts[k],
+                           torch.randint(2, 100, (n,), generator=g).tolist(), 0.5, True, torch.zeros(n))
+            for k, n in ((2, 9), (0, 7), (1, 6), (0, 6), (2, 3), (1, 1))]
+    batch = train.collate(seqs, torch.device("cpu"), layout, rows)
+    if layout == "packed":   # each prompt once, every response token once: no padding
+        assert batch["ids"].shape == (1, 6 + 2 + 9 + 9 + 7 + 6 + 6 + 3 + 1)
+    logp, ent = tepo.response_logprobs(model, batch, 0.8, True)
     weights = torch.randn(logp.shape, generator=g) * batch["mask"]
     grads = torch.autograd.grad((logp * weights).sum(), list(model.parameters()))
     total = 0
     for b, s in enumerate(seqs):
         n = len(s.resp)
-        ids = torch.tensor([prompt + s.resp])
-        lp = torch.log_softmax(model(input_ids=ids).logits[0] / 0.8, -1)[len(prompt) - 1:-1]
+        ids = torch.tensor([s.prompt + s.resp])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0] / 0.8, -1)[len(s.prompt) - 1:-1]
         want = lp.gather(1, torch.tensor(s.resp)[:, None]).squeeze(1)
         assert torch.allclose(logp[b, :n], want, atol=1e-5)
         assert torch.allclose(ent[b, :n], -(lp.exp() * lp).sum(-1), atol=1e-5)
@@ -117,3 +142,52 @@ def test_response_logprobs_match_a_per_sequence_forward(tmp_path, share_prompt):
     ref = torch.autograd.grad(total, list(model.parameters()))
     for got, want in zip(grads, ref):
         assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", tepo.METHODS)
+def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, method):
+    """One mini-batch (3 prompts x 4 responses of widely varying length) through the per-prompt
+    layout of before (grouped: padded to each prompt's longest) and packed (every prompt once, no
+    padding, several prompts per row): the same loss and gradient, to 1e-5 relative, for every
+    method."""
+    from transformers import AutoModelForCausalLM
+    path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
+    model = tepo.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    g = torch.Generator().manual_seed(1)
+    seqs = []
+    for gid, p in enumerate((5, 11, 3)):
+        prompt = torch.randint(2, 100, (p,), generator=g).tolist()
+        for n in (2 + gid, 25 - 3 * gid, 7, 1 + 4 * gid):
+            seqs.append(train.Sequence((0, gid), prompt, torch.randint(2, 100, (n,), generator=g).tolist(),
+                                       float(torch.randn(1, generator=g)), True, torch.zeros(n)))
+    with torch.no_grad():  # pi_old, pi_ref, H_old near the current policy: ratios != 1, some clipped
+        for s in seqs:
+            logp, ent = tepo.response_logprobs(model, train.collate([s], "cpu", "grouped"), 1.0, True)
+            s.old_logp = logp[0] - 0.3 * torch.randn(len(s.resp), generator=g)
+            s.ref_logp = logp[0] + 0.2 * torch.randn(len(s.resp), generator=g)
+            s.old_entropy = ent[0] + 0.1 * torch.randn(len(s.resp), generator=g)
+            s.rollout_logp = s.old_logp + 0.01 * torch.randn(len(s.resp), generator=g)
+    cfg = tepo.LossConfig.preset(method, max_new_tokens=30, is_correction="tis")
+    counts = dict(num_tokens=sum(len(s.resp) for s in seqs), num_seqs=len(seqs))
+    results = {}
+    for layout in ("grouped", "packed"):
+        model.zero_grad()
+        total = 0.0
+        mbs = train.micro_batches(seqs, budget=80, layout=layout)
+        assert len(mbs) > 1                                   # several micro-batches each way
+        for mb in mbs:
+            b = train.collate(mb, "cpu", layout)
+            logp, ent = tepo.response_logprobs(model, b, 1.0, True)
+            loss, _ = tepo.policy_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg, entropy=ent,
+                                       old_entropy=b["old_entropy"], ref_logp=b["ref_logp"],
+                                       rollout_logp=b["rollout_logp"], **counts)
+            loss.backward()
+            total += loss.item()
+        results[layout] = total, {n: p.grad.clone() for n, p in model.named_parameters()}
+    loss_old, grad_old = results["grouped"]
+    for layout in ("packed",):
+        loss, grad = results[layout]
+        assert loss == pytest.approx(loss_old, rel=1e-5, abs=1e-7), layout
+        for n in grad:
+            scale = grad_old[n].abs().max().item()
+            assert scale > 0 and (grad[n] - grad_old[n]).abs().max().item() <= 1e-5 * scale, (layout, n)
