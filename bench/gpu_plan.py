@@ -10,8 +10,8 @@ train.load_config). Assumptions (all per GPU = per rank; W = world size, N = par
   Gathered bf16: the root unit (embeddings, final norm, lm_head), unsharded for the whole
   forward/backward, plus 2 decoder layers (the one computing + the prefetched one); at the
   reduce-scatter, a transient unsharded fp32 gradient of the largest unit (the root).
-- Activations of one micro-batch of T = micro_batch_tokens tokens (an upper bound: padding and
-  prompts counted as tokens). Per layer and token, bf16 (2 B) unless noted, with SDPA/flash
+- Activations of one micro-batch of T = micro_batch_tokens tokens (packed: real tokens, each
+  prompt once, no padding; an upper bound, the last micro-batch being partly filled). Per layer and token, bf16 (2 B) unless noted, with SDPA/flash
   attention (no S x S matrix saved; Korthikanti et al. 2022 adapted: no dropout masks, SwiGLU,
   RMSNorm, GQA): 2 norm inputs + 2 fp32 norm upcasts (2h x 2 B + 2h x 4 B), qkv and MLP inputs
   (2h), q/k/v before and after RoPE (2 x (q + 2kv)), attention output q (+ fp32 log-sum-exp
@@ -35,7 +35,12 @@ train.load_config). Assumptions (all per GPU = per rank; W = world size, N = par
 - Time: update FLOPs = 8 x N x tokens with checkpointing (6 without) + causal attention
   (2 x layers x q_dim x S per token forward, x4 with checkpointing, x3 without), all samples
   trained (A != 0); the old-logprob pass = 2N + attention over (1 - 1/num_minibatches) of the
-  tokens (the first mini-batch's forward is its own old pass). Prefill: 2N x prompts/rank x prompt
+  tokens (the first mini-batch's forward is its own old pass). "tokens" are the positions the
+  config's micro_batch_layout computes, padding included: packed, each prompt once and every
+  response token (no padding); grouped (the layout of before), every response padded to its
+  group's longest, and under checkpointing the prompt in every row. The longest of a group comes
+  from log-normal response lengths (mean --response-len, sd --response-sd, capped at
+  max_new_tokens; 4,000 simulated groups). Prefill: 2N x prompts/rank x prompt
   tokens (prefix-cached). Decode: memory-bound: max_new_tokens steps (the longest response sets
   the wall clock), each reading the bf16 weights, plus the KV of every token of every sequence
   at every step, at --hbm-frac of HBM bandwidth; or compute-bound at --mfu if that is slower.
@@ -92,7 +97,20 @@ def act_bytes_per_token_layer(m):
     return 2 * (2 * h + 2 * h + 2 * (q + 2 * kv) + q + 4 * I) + 4 * 2 * h + 4 * m["heads"]
 
 
-def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt):
+def computed_per_rank(cfg, ppr, G, prompt, resp, sd, layout):
+    """(positions computed, real tokens) of one rank's step in `layout` (see the docstring)."""
+    import numpy as np
+    real = ppr * (prompt + G * resp)
+    if layout == "packed":
+        return real, real
+    sigma2 = np.log(1 + (sd / resp) ** 2)
+    lengths = np.random.default_rng(0).lognormal(np.log(resp) - sigma2 / 2, np.sqrt(sigma2), (4000, G))
+    longest = np.minimum(lengths, cfg.max_new_tokens).max(1).mean()
+    rows = cfg.activation_checkpointing  # no KV cache to share the prompt through
+    return ppr * ((G if rows else 1) * prompt + G * longest), real
+
+
+def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None):
     gname, mem, flops, bw = GPUS[gpu]
     layer, root, N = params(m)
     ppr, G, T = cfg.prompts_per_step // W, cfg.group_size, cfg.micro_batch_tokens
@@ -162,7 +180,10 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt):
     S = prompt + resp
     q_dim = m["heads"] * m["hd"]
     attn_fwd = 2 * m["L"] * q_dim * S                       # per token, causal
-    tok = ppr * G * S
+    tok, real = computed_per_rank(cfg, ppr, G, prompt, resp, sd or 0.65 * resp, cfg.micro_batch_layout)
+    print(f"micro-batch layout {cfg.micro_batch_layout}: {tok / 1e3:.0f}k positions computed per rank "
+          f"and step for {real / 1e3:.0f}k real tokens ({tok / real:.2f}x; counted in the update and "
+          f"old-pass times below)")
     k_mult = 4 if cfg.activation_checkpointing else 3
     upd_flops = tok * ((8 if cfg.activation_checkpointing else 6) * N + k_mult * attn_fwd)
     old_flops = tok * (1 - 1 / cfg.num_minibatches) * (2 * N + attn_fwd)
@@ -212,14 +233,18 @@ def main():
     ap.add_argument("--hbm-frac", type=float, default=0.6, help="assumed share of HBM bandwidth")
     ap.add_argument("--response-len", type=int, help="assumed mean (default max_new_tokens / 2)")
     ap.add_argument("--prompt-len", type=int, default=150, help="assumed mean prompt tokens")
+    ap.add_argument("--response-sd", type=float, help="assumed sd of response lengths (default "
+                                                      "0.65 x mean): the grouped layout's padding")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override, e.g. micro_batch_layout=grouped")
     ap.add_argument("--no-anchor", action="store_true")
     args = ap.parse_args()
     import train
-    cfg = train.load_config(args.config)
+    cfg = train.load_config(args.config, args.set)
     resp = args.response_len or cfg.max_new_tokens // 2
     for gpu in GPUS if args.gpu == "all" else (args.gpu,):
         plan(cfg, model_shapes(args.model), gpu, args.gpus, args.mfu, args.hbm_frac, resp,
-             args.prompt_len)
+             args.prompt_len, args.response_sd)
     if not args.no_anchor:
         anchor()
 
