@@ -54,8 +54,10 @@ def renamed(record):
             for k, v in record.items()}
 
 
-def compare(old, new, rel=1e-5):
-    """[(step, key, old value, new value)] of every difference beyond `rel`; and the largest."""
+def compare(old, new, rel=1e-5, atol=0.0):
+    """[(step, key, old value, new value)] of every difference beyond `rel` (relative) and `atol`
+    (absolute: metrics that are themselves differences of near-equal log-probs, such as
+    mismatch/abs_mean ~5e-7 in fp32, move by their float noise); and the largest relative one."""
     diffs, worst = [], 0.0
     if len(old) != len(new):
         diffs.append(("-", "number of records", len(old), len(new)))
@@ -67,7 +69,7 @@ def compare(old, new, rel=1e-5):
                 d = abs(x - y) / max(abs(x), abs(y), 1e-12)
                 if math.isfinite(d):
                     worst = max(worst, d)
-                if not d <= rel and not (x == y):
+                if not d <= rel and not abs(x - y) <= atol:
                     diffs.append((a.get("step"), k, x, y))
             elif x != y:
                 diffs.append((a.get("step"), k, x, y))
@@ -81,6 +83,8 @@ def main():
     ap.add_argument("--work", default="/tmp/same_trajectory", help="scratch directory")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for both runs (repeatable)")
+    ap.add_argument("--atol", type=float, default=0.0,
+                    help="also accept an absolute difference up to this (default 0: relative 1e-5 only)")
     args = ap.parse_args()
     work = os.path.abspath(args.work)
     os.makedirs(work, exist_ok=True)
@@ -94,12 +98,15 @@ def main():
         run([sys.executable, "demo.py", "prepare", "--out", demo_dir, "--steps", "250"], cwd=ROOT)
     old = rl_run(old_tree, demo_dir, os.path.join(work, "rl_old"), args.steps, args.set)
     new = rl_run(ROOT, demo_dir, os.path.join(work, "rl_new"), args.steps, args.set)
-    diffs, worst = compare(old, new)
+    diffs, worst = compare(old, new, atol=args.atol)
     n = sum(1 for r in new for k in r if not k.startswith(VOLATILE))
     print(f"{len(new)} records, {n} values compared against {args.against}; "
           f"largest relative difference {worst:.2e}")
     for d in diffs[:40]:
         print("DIFFERS: step {}, {}: {} vs {}".format(*d))
+    absolute = [abs(x - y) for _, _, x, y in diffs if isinstance(x, (int, float)) and isinstance(y, (int, float))]
+    if absolute:
+        print(f"largest absolute difference among those: {max(absolute):.2e}")
     sys.exit(1 if diffs else 0)
 
 
