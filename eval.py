@@ -285,27 +285,34 @@ def my_chunks(n_problems, chunk_size, rank, world):
             for c in range(rank, math.ceil(n_problems / chunk_size), world)]
 
 
-def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world, clock, bar):
-    """Sample and grade this rank's chunks of one benchmark; returns its problem records.
+def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, temperature, top_p, seed,
+                     chunk_size, ks, judge, reward_timeout, rank=0, world=1, context=None, clock=None,
+                     bar=None):
+    """Sample and grade this rank's chunks of one benchmark; returns its problem records. The one
+    evaluation path: eval.py's, and train.py's held-out evaluation (so its numbers do not depend on
+    the number of ranks, and equal eval.py's on the checkpoint with the same settings).
 
-    Each record: {"index", "problem", "gold", "samples": [...], "metrics": {...}}. Problems
-    whose prompt leaves no room to generate get n empty, wrong samples (finish "prompt_too_long").
+    Chunk c (problems c x chunk_size ...) is sampled by one generate call seeded chunk_seed(seed,
+    name, c), on rank c mod world. Each record: {"index", "problem", "gold", "samples": [...],
+    "metrics": problem_metrics}. Problems whose prompt leaves no room to generate (`context`) get n
+    empty, wrong samples (finish "prompt_too_long"). judge(text, gold) -> (answer or None, correct)
+    (make_judge); a call that raises or runs over reward_timeout seconds makes the sample wrong,
+    marked grader_failed.
     """
-    records, judge = [], make_judge(args.grader)
-    failed = {"errors": 0, "timeouts": 0}
-    for c, idx in my_chunks(len(rows), args.chunk_size, rank, world):
+    records, failed = [], {"errors": 0, "timeouts": 0}
+    for c, idx in my_chunks(len(rows), chunk_size, rank, world):
         fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
         t = time.time()
         outs = dict(zip(fits, engine.generate(
-            [prompt_ids[i] for i in fits], n=args.n, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_p=args.top_p,
-            seed=chunk_seed(args.seed, name, c)))) if fits else {}
-        clock["generate_s"] += time.time() - t
+            [prompt_ids[i] for i in fits], n=n, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_p=top_p, seed=chunk_seed(seed, name, c)))) if fits else {}
+        if clock is not None:
+            clock["generate_s"] += time.time() - t
         for i in idx:
             samples = []
-            for s in outs.get(i, [None] * args.n):
+            for s in outs.get(i, [None] * n):
                 text = s.text if s else ""
-                judged = reward.guarded(args.reward_timeout, lambda: judge(text, rows[i]["answer"]), text,
+                judged = reward.guarded(reward_timeout, lambda: judge(text, rows[i]["answer"]), text,
                                         failed) if s else None  # None from guarded: the call failed
                 answer, correct = judged or (None, False)
                 samples.append({"response": text, "answer": answer, "correct": bool(correct),
@@ -313,11 +320,13 @@ def sample_benchmark(engine, name, rows, prompt_ids, args, context, rank, world,
                                 "finish_reason": s.finish_reason if s else "prompt_too_long",
                                 **({"grader_failed": True} if s and judged is None else {})})
             records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
-                            "samples": samples, "metrics": problem_metrics(samples, args.ks)})
-        bar.update(len(idx))
+                            "samples": samples, "metrics": problem_metrics(samples, ks)})
+        if bar is not None:
+            bar.update(len(idx))
     if "first" in failed:
         print(f"warning: {name}: {failed['errors']} grading calls raised and {failed['timeouts']} ran over "
-              f"--reward-timeout on rank {rank}, counted as wrong; first: {failed['first']}", flush=True)
+              f"the reward timeout ({reward_timeout}s) on rank {rank}, counted as wrong; first: "
+              f"{failed['first']}", flush=True)
     return records
 
 
@@ -369,8 +378,11 @@ def main(argv=None):
         mine = sum(len(idx) for _, idx in my_chunks(len(rows), args.chunk_size, rank, world))
         bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
                    unit="problem", disable=rank != 0)
-        records = gather(sample_benchmark(engine, name, rows, prompts[name], args,
-                                          max_model_len, rank, world, clock, bar), world)
+        records = gather(sample_benchmark(
+            engine, name, rows, prompts[name], n=args.n, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=args.chunk_size,
+            ks=args.ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
+            world=world, context=max_model_len, clock=clock, bar=bar), world)
         bar.close()
         if rank == 0:
             results[name], all_records[name] = summarize(records, args.ks), records

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ import rollout
 import tepo
 from config import Config, UserError, config_dict, load_config  # noqa: F401  (train.Config too)
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
-from eval import pass_at_k
+import eval as ev
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
                     full_weights, load_policy, load_training_state, run_main, save_checkpoint,
                     set_rng_states, setup_distributed)
@@ -82,6 +81,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     engine: object                       # rollout.make_engine's: generate, update_weights, ...
     grader: object                       # reward.make_grader(cfg.reward): math_reward's signature
+    judge: object                        # eval.make_judge(cfg.reward): (text, gold) -> (answer, correct)
     rows: list                           # training rows (dicts with "prompt")
     eval_rows: list                      # held-out rows
     eval_dropped: int                    # held-out rows dropped for a prompt over max_prompt_len
@@ -172,9 +172,11 @@ def setup(cfg, resume, overwrite=False):
             cut_back_log(os.path.join(cfg.out_dir, name), state.step if ckpt else None)
         with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
             yaml.safe_dump(config_dict(cfg), f)
+    eval_rows = eval_rows[:cfg.eval_max_problems or None]
+    for row in eval_rows:  # token ids as eval.py gives them to the engine
+        row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
     return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine,
-               reward.make_grader(cfg.reward), rows,
-               eval_rows[:cfg.eval_max_problems or None], eval_dropped, state,
+               reward.make_grader(cfg.reward), ev.make_judge(cfg.reward), rows, eval_rows, eval_dropped, state,
                open_trackers(cfg, state.step, resumed=bool(ckpt)) if rank == 0 else [])
 
 
@@ -723,31 +725,38 @@ def log(run, record):
 
 
 def evaluate(run, step):
-    """Held-out accuracy over all ranks: {"eval/accuracy": mean correctness of the eval_n samples
-    per problem (= pass@1), "eval/pass@k": unbiased pass@k (eval.pass_at_k) averaged over problems,
-    for k = 1, 2, 4, ... <= eval_n}. pass@k falling while pass@1 rises is a policy collapsing onto
-    fewer answers. A grading call that raises or runs over reward_timeout counts as wrong, is
-    printed, and is on record as "eval/grader_failures" (only then): an evaluation never stops a run."""
-    cfg, mine = run.cfg, run.eval_rows[run.rank::run.world]
-    outs = run.engine.generate([r["prompt"] for r in mine], n=cfg.eval_n,
-                               max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                               top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, 99, run.rank)) if mine else []
-    failed = {"errors": 0, "timeouts": 0}  # guarded as in training: a grader fault counts as wrong
-    right = [sum(bool(reward.guarded(cfg.reward_timeout, lambda: run.grader(s.text, r["answer"]) >= 1.0,
-                                     s.text, failed)) for s in group) for r, group in zip(mine, outs)]
-    if "first" in failed:
-        print(f"warning: step {step}: held-out grading failed {failed['errors'] + failed['timeouts']} "
-              f"time(s) on this rank, counted as wrong; first: {failed['first']}", file=sys.stderr, flush=True)
+    """Held-out accuracy over all ranks, by eval.py's path (eval.sample_benchmark: fixed chunks of
+    problems, each sampled by one call seeded from (seed, the file's name, chunk), dealt to the
+    ranks round-robin, graded by eval.make_judge), so the numbers do not depend on the number of
+    ranks and equal `eval.py --ckpt <the step's checkpoint> --data <eval_data> -n eval_n
+    --temperature T --top-p P --max-new-tokens M --seed <seed>`. -> {"eval/accuracy": the mean
+    correctness of the eval_n samples per problem (= pass@1), "eval/pass@k": unbiased pass@k
+    averaged over problems, k = 1, 2, 4, ... <= eval_n}. pass@k falling while pass@1 rises is a
+    policy collapsing onto fewer answers. A grading call that raises or runs over reward_timeout
+    counts as wrong, is printed, and is on record as "eval/grader_failures" (only then): an
+    evaluation never stops a run. `step` names the evaluation in messages only."""
+    cfg, rows = run.cfg, run.eval_rows
     ks = [2 ** i for i in range(cfg.eval_n.bit_length()) if 2 ** i <= cfg.eval_n]
-    local = {f"pass@{k}": sum(pass_at_k(cfg.eval_n, c, k) for c in right) for k in ks}
-    total = all_ranks({"correct": sum(right), "problems": len(mine),
-                       "failed": failed["errors"] + failed["timeouts"], **local})
+    records = ev.sample_benchmark(
+        run.engine, eval_name(cfg), rows, [r["prompt_ids"] for r in rows], n=cfg.eval_n,
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        seed=cfg.seed, chunk_size=math.ceil(ev.SEQS_PER_CALL / cfg.eval_n), ks=ks, judge=run.judge,
+        reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world)
+    samples = [s for r in records for s in r["samples"]]
+    total = all_ranks({"correct": sum(s["correct"] for s in samples), "problems": len(records),
+                       "failed": sum(s.get("grader_failed", False) for s in samples),
+                       **{f"pass@{k}": sum(r["metrics"][f"pass@{k}"] for r in records) for k in ks}})
     n = max(total["problems"], 1)
     out = {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
            **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
     if total["failed"]:  # on record only where it happened, as a fault
         out["eval/grader_failures"] = total["failed"]
     return out
+
+
+def eval_name(cfg):
+    """The held-out benchmark's name, as eval.py names a --data file: its stem (part of the seeds)."""
+    return os.path.splitext(os.path.basename(cfg.eval_data))[0]
 
 
 # ----------------------------------------------------------------------------- schedules, seeds, rewards

@@ -49,31 +49,31 @@ top = torch.zeros(0)
 for chunk in mine.split(257 if rank == 0 else 400):
     top = train.keep_largest(top, chunk, train.tail_size(n, 0.999))
 out["tail"] = train.global_tail(top, n, 0.999)
-# pass@k: problem i's n = 8 samples hold correct[i] right answers; rank r takes problems r::2.
+# pass@k: problem i's n = 8 samples hold correct[i % 5] right answers. 300 problems: chunks of
+# 128 (eval.py's default for n = 8), 0 and 2 sampled on rank 0, 1 on rank 1.
 correct = [0, 1, 3, 8, 5]
 class Engine:
-    def generate(self, prompts, n=1, **kw):
-        return [[rollout.Sample([1], [2], "\\boxed{7}" if j < correct[int(p)] else "\\boxed{0}",
+    def generate(self, prompts, n=1, **kw):  # prompt ids: [problem index]
+        return [[rollout.Sample(p, [2], f"p{p[0]}: " + ("\\boxed{7}" if j < correct[p[0] % 5] else "\\boxed{0}"),
                                 [-1.0], "stop") for j in range(n)] for p in prompts]
-rows = [{"prompt": str(i), "answer": "7"} for i in range(len(correct))]
-cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0, reward_timeout=0.2)
-grade = lambda text, answer: float(text == "\\boxed{" + answer + "}")
-run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), grader=grade)
+rows = [{"problem": f"p{i}", "prompt_ids": [i], "answer": "7"} for i in range(300)]
+cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0, reward_timeout=0.2,
+                      eval_data="held_out.jsonl")
+grade = lambda text, answer: (text, text.endswith("\\boxed{" + answer + "}"))
+run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), judge=grade)
 out["eval"] = train.evaluate(run, 0)
-# A grader that raises on problem 3's responses (8 right ones) and hangs on one of problem 4's:
-# those count as wrong, and the run goes on.
+# A grader that raises on problem 3's responses (8 right ones, rank 0) and hangs on the first of
+# problem 134's (5 right ones, rank 1): those count as wrong, and the run goes on.
 import time
-calls = {"n": 0}
+seen = set()
 def faulty(text, answer):
-    calls["n"] += 1
-    if rank == 1 and calls["n"] <= 8:   # rank 1 holds problems 1 and 3: it grades problem 1 first
-        return grade(text, answer)
-    if rank == 1:
+    if text.startswith("p3:"):
         raise ValueError("bad parse")
-    if calls["n"] == 17:                # rank 0 holds 0, 2, 4: the first response of problem 4
+    if text.startswith("p134:") and "p134" not in seen:
+        seen.add("p134")
         time.sleep(30)
     return grade(text, answer)
-run.grader = faulty
+run.judge = faulty
 out["faulty"] = train.evaluate(run, 0)
 # The mismatch metrics of step_metrics: rank r holds 2 + r sequences of 3 + r tokens.
 seqs, groups = [], []
@@ -120,17 +120,19 @@ def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     assert res["mismatch"]["mismatch/abs_mean"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
     assert res["mismatch"]["mismatch/kl"] == pytest.approx((np.exp(d) - d - 1).mean(), rel=1e-6)
     assert res["mismatch"]["mismatch/ratio_max"] == pytest.approx(np.exp(d).max(), rel=1e-6)
-    correct, n = [0, 1, 3, 8, 5], 8
+    correct, n = [[0, 1, 3, 8, 5][i % 5] for i in range(300)], 8
     want = {k: np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for c in correct]) for k in (1, 2, 4, 8)}
     assert set(res["eval"]) == {"eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
-    assert res["eval"]["eval/accuracy"] == pytest.approx(sum(correct) / (5 * n))
+    assert res["eval"]["eval/accuracy"] == pytest.approx(sum(correct) / (300 * n))
     for k, v in want.items():
         assert res["eval"][f"eval/pass@{k}"] == pytest.approx(v), k
-    # problem 3's 8 graded calls raised, problem 4's first response hung: 9 failures, all wrong
-    faulty = [0, 1, 3, 0, 4]  # problem 3: its 8 right answers lost; problem 4: 1 of its 5 right ones
+    # problem 3's 8 graded calls raised, problem 134's first response hung: 9 failures, all wrong
+    faulty = list(correct)
+    faulty[3], faulty[134] = 0, 4  # problem 3: its 8 right answers lost; 134: 1 of its 5 right ones
     assert res["faulty"]["eval/grader_failures"] == 9
-    assert res["faulty"]["eval/accuracy"] == pytest.approx(sum(faulty) / (5 * n))
+    assert res["faulty"]["eval/accuracy"] == pytest.approx(sum(faulty) / (300 * n))
     assert res["faulty"]["eval/pass@8"] == pytest.approx(np.mean([c > 0 for c in faulty]))
     assert "eval/grader_failures" not in res["eval"]
-    assert "held-out grading failed 8 time(s)" in out.stderr and "ValueError: bad parse" in out.stderr
-    assert "held-out grading failed 1 time(s)" in out.stderr and "took over reward_timeout=0.2s" in out.stderr
+    assert "held_out: 8 grading calls raised and 0 ran over the reward timeout (0.2s) on rank 0" in out.stdout
+    assert "held_out: 0 grading calls raised and 1 ran over the reward timeout (0.2s) on rank 1" in out.stdout
+    assert "ValueError: bad parse" in out.stdout and "took over reward_timeout=0.2s" in out.stdout

@@ -93,17 +93,17 @@ class Engine:
     calls = 0
     def generate(self, prompts, n=1, **kw):
         Engine.calls += 1
-        held_out = prompts[0].startswith("e")
+        held_out = isinstance(prompts[0], list)  # eval.py's path gives token ids
         plan = [MIXED] * len(prompts) if held_out else PLAN[rank][Engine.calls - 1]
         Engine.calls -= held_out
         return [[rollout.Sample([1], [5, 6], t, [-1.0, -1.0], "stop") for t in texts] for texts in plan]
 cfg = train.Config(model="m", train_data="d", method="grpo", dynamic_sampling=True,
                    max_sampling_tries=3, prompts_per_step=4, group_size=2, format_reward=0.5,
-                   eval_n=2, max_new_tokens=4)
+                   eval_n=2, max_new_tokens=4, eval_data="held_out.jsonl")
 rows = [{"prompt": f"p{i}", "answer": "7"} for i in range(40)]
 run = SimpleNamespace(cfg=cfg, rank=rank, world=2, engine=Engine(), grader=reward.make_grader("rule"),
-                      rows=rows, eval_rows=[{"prompt": f"e{i}", "answer": "7"} for i in range(3)],
-                      state=TrainState())
+                      judge=train.ev.make_judge("rule"), rows=rows, state=TrainState(),
+                      eval_rows=[{"problem": f"e{i}", "prompt_ids": [1000 + i], "answer": "7"} for i in range(3)])
 groups, drawn, failed = train.sample_and_grade(run, 0, {})
 record = train.step_metrics(run, 0, drawn, groups, [], {}, [], {"rollout": 1.0}, 1.0)
 out = {"calls": Engine.calls, "kept": len(groups), "drawn": len(drawn), "data_pos": run.state.data_pos,
@@ -141,5 +141,5 @@ def test_dynamic_sampling_fills_the_global_quota_and_counts_by_correctness(tmp_p
     assert rec["reward/accuracy"] == pytest.approx(5 / 16)
     assert rec["reward/mean"] == pytest.approx((5 * 1.0 + 11 * 0.5) / 16)
     assert rec["reward/groups_kept"] == pytest.approx(4 / 8)
-    # held out: problems 0, 2 on rank 0 and 1 on rank 1, each answered right once, wrong (boxed) once
+    # held out: each of the 3 problems answered right once, wrong (boxed, reward 0.5) once
     assert r0["eval"]["eval/accuracy"] == pytest.approx(0.5) and r0["eval"]["eval/pass@2"] == 1.0
