@@ -336,9 +336,10 @@ def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(t
         assert [r["step"] for r in rows] == [0, 1, 2]  # no step twice after the resume
         assert study.complete(rows, 2) and (out / f"{variant}-s0" / "DONE").exists()
         assert "eval/pass@4" in rows[-1]
-    # GRPO trains on its KL term even where every reward is 0 (the smoke model is right nowhere)
+    # the smoke model is right nowhere: every reward is 0, so every advantage is exactly 0, and GRPO's
+    # KL term has no gradient while the policy is the reference: nothing moves, through a resume too
     grpo = study.read_metrics(str(first))
-    assert grpo[2]["actor/log_ratio_max"] >= grpo[2]["actor/log_ratio_p999"] > 0
+    assert all(r["actor/log_ratio_max"] == r["actor/log_ratio_p999"] == 0 for r in grpo[1:]), grpo
     # 3. run again: nothing is redone
     stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*-s0/*.jsonl")}
     again = subprocess.run(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT, capture_output=True,

@@ -5,6 +5,7 @@ for a direct use and for a 2-rank train.py run resumed from an earlier checkpoin
 import glob
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -232,7 +233,8 @@ def test_jsonl_alone_imports_no_tracker():
 @pytest.mark.slow
 def test_a_resumed_training_run_continues_its_trackers(tmp_path, tiny_model_dir, offline_wandb,
                                                        monkeypatch):
-    """train.py on 2 ranks, 3 steps (checkpoints at 2 and 3), then --resume from step 2 to step 4:
+    """train.py on 2 ranks, 3 steps (checkpoints at 2 and 3; step 3's is then deleted, as when a kill
+    lands after a step is logged and before its checkpoint is written), then --resume from step 2 to 4:
     TensorBoard and wandb hold metrics.jsonl's values at its steps, each step once (the event
     files lose the first launch's step 3, whose timing/* and evaluation the resumed one does not
     repeat), one wandb run id for both launches, rank 0 alone logging, the sample tables of
@@ -245,6 +247,7 @@ def test_a_resumed_training_run_continues_its_trackers(tmp_path, tiny_model_dir,
                          eval_data=str(evals), loggers=["jsonl", "tensorboard", "wandb"])
     run(cfg, nproc=2)
     first_launch = [json.loads(ln) for ln in open(os.path.join(out, "metrics.jsonl"))]
+    shutil.rmtree(os.path.join(out, "step_000003"))  # a --resume behind a newer checkpoint is refused
     run(cfg, "--resume", os.path.join(out, "step_000002"), "--set", "steps=4", nproc=2)
     rows = [json.loads(ln) for ln in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["step"] for r in first_launch] == [0, 1, 2, 3] and [r["step"] for r in rows] == [0, 1, 2, 3, 4]
