@@ -132,3 +132,234 @@ def take_prompts(rows, pos, count, seed):
         order = np.random.default_rng([seed, epoch]).permutation(len(rows))
         out.append(rows[order[i]])
     return out
+
+
+# ----------------------------------------------------------------------------- fetching the data
+# `python data.py fetch [NAME ...] --out DIR [--mirror URL]`: each file of this project's schema,
+# converted from a raw file of a public repository at a pinned commit, checked by its SHA-256 (the
+# digest of the upstream bytes, pinned here). The rules are those of the converted copies the
+# project is tested against: rows keep the upstream order, only the answer is normalised.
+
+GITHUB_RAW = "https://raw.githubusercontent.com"
+QWEN = ("QwenLM/Qwen2.5-Math", "a45202bd16f1ec06f433442dc1152d0074773465")
+
+
+def _int_answer(row):
+    """AIME: '025' -> '25' (answers are integers 0-999, some files pad them)."""
+    return str(int(row["answer"]))
+
+
+def _whole_answer(row):
+    """AMC 23 stores answers as floats: 27.0 -> '27'; a non-whole one stays as written."""
+    value = float(row["answer"])
+    return str(int(value)) if value.is_integer() else str(row["answer"])
+
+
+def last_boxed(text):
+    """The content of the last \\boxed{...} in `text` (braces matched), stripped; None if none."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j].strip()
+    return None
+
+
+def _gsm8k_answer(row):
+    """GSM8K's solution ends with '#### 1,234': the number, without its thousands commas."""
+    if "####" not in row["answer"]:
+        return None
+    return row["answer"].split("####")[-1].strip().replace(",", "")
+
+
+# name -> (file written, repository, commit, path in it, SHA-256 of the raw file, problem key,
+#          answer rule (row -> str or None), extra keys kept)
+SOURCES = {
+    "math_train": ("math_train.jsonl", "agentica-project/deepscaler", "95ef74ffee001cce89463f2d61dfdce1d03576c1",
+                   "deepscaler/data/train/math.json",
+                   "569230b362fd501e1a33d8f29aae3b4b989d32e2b91b07c3f48493528c3bf6d2",
+                   "problem", None, ("difficulty", "type")),
+    "math500": ("math500.jsonl", "hkust-nlp/simpleRL-reason", "cf1c7858bfc145a27aa733e75d930d34f0d318a6",
+                "examples/simplelr_math_eval/data/math500/test.jsonl",
+                "35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132",
+                "problem", None, ("level", "subject", "unique_id")),
+    "aime24": ("aime24.jsonl", *QWEN, "evaluation/data/aime24/test.jsonl",
+               "af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
+               "problem", _int_answer, ("id", "url")),
+    "aime25": ("aime25.jsonl", "inclusionAI/AReaL", "f55fe685c661b0117d888fcae47d6f46e9a85087",
+               "evaluation/data/aime25/test.jsonl",
+               "b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331",
+               "problem", _int_answer, ("id",)),
+    "amc23": ("amc23.jsonl", *QWEN, "evaluation/data/amc23/test.jsonl",
+              "43707e1ca784602d8479de24ee8ce36609dbebc46dd152b0b12a46611aa898a4",
+              "question", _whole_answer, ("id", "url")),
+    "minerva": ("minerva_math.jsonl", *QWEN, "evaluation/data/minerva_math/test.jsonl",
+                "0e656b430d3a0a1dab6aa853f453ba3805e28e2cabe4fc72486a897cc09d8ba2",
+                "problem", lambda row: last_boxed(row.get("solution") or ""), ("type", "idx")),
+    "olympiadbench": ("olympiadbench.jsonl", *QWEN, "evaluation/data/olympiadbench/test.jsonl",
+                      "bb8c1e38a16ea9eacb77530315a674d883f267fbff79183effc53681b4fcc416",
+                      "question", lambda row: ",".join(a.replace("$", "").strip()
+                                                       for a in row["final_answer"]) or None,
+                      ("id", "subfield", "answer_type", "unit")),
+    "gsm8k": ("gsm8k_test.jsonl", *QWEN, "evaluation/data/gsm8k/test.jsonl",
+              "9f098df7ff4522078d6ccec27a5c38a454790fdb51131bedfaa0e490070d5394",
+              "question", _gsm8k_answer, ("idx",)),
+}
+FETCH_TIMEOUT_S, FETCH_TRIES = 30, 3
+
+
+def convert(name, raw):
+    """The rows of dataset `name` from its raw upstream bytes, in this project's schema.
+
+    `problem` and `answer` (normalised by the dataset's rule; `answer_raw` keeps the original where
+    it differs), `source` as "<repository>:<path>@<commit>", and the dataset's useful extra keys.
+    MATH train drops the 4 rows whose answer is null or empty, as DeepScaleR's own loader does; in
+    any other file a row without a problem or an answer is a UserError naming the file and row
+    (1-based): a silently shorter benchmark is a different benchmark.
+    """
+    file, repo, commit, path, _, problem_key, rule, extra = SOURCES[name]
+    where = f"{repo}/{commit}/{path}"
+    try:
+        text = raw.decode("utf-8")
+        upstream = json.loads(text) if path.endswith(".json") else \
+            [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{where}: not UTF-8 JSON ({e})") from None
+    rows = []
+    for i, row in enumerate(upstream, 1):
+        problem = row.get(problem_key) if isinstance(row, dict) else None
+        try:
+            answer = (rule(row) if rule else row.get("answer")) if isinstance(row, dict) else None
+        except (KeyError, TypeError, ValueError):
+            answer = None
+        if name == "math_train" and isinstance(row, dict) and not row.get("answer"):
+            continue
+        if not isinstance(problem, str) or not problem.strip() or not isinstance(answer, str) \
+                or not answer.strip():
+            raise UserError(f"{where}: row {i} has no {problem_key!r} or no answer "
+                            f"({json.dumps(row)[:120]})")
+        out = {"problem": problem, "answer": answer}
+        raw_answer = row.get("final_answer", row.get("answer")) if name != "gsm8k" else None
+        if rule and raw_answer is not None and str(raw_answer) != answer:
+            out["answer_raw"] = raw_answer  # AIME '025', AMC 27.0, OlympiadBench ['$x$']
+        out["source"] = f"{repo}:{path}@{commit}"
+        out.update({k: row[k] for k in extra if k in row})
+        rows.append(out)
+    return rows
+
+
+def _download(url, desc):
+    """The body at `url` (a tqdm bar per file), or a UserError once FETCH_TRIES attempts failed. A body
+    shorter than its Content-Length is a failed attempt (urllib would hand it over as it is)."""
+    import time
+    import urllib.error
+    import urllib.request
+    from tqdm import tqdm
+    last = None
+    for attempt in range(FETCH_TRIES):
+        if attempt:
+            time.sleep(2 ** attempt)
+        try:
+            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as resp:
+                size = int(resp.headers.get("Content-Length") or 0) or None
+                parts = []
+                with tqdm(total=size, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
+                    while chunk := resp.read(1 << 16):
+                        parts.append(chunk)
+                        bar.update(len(chunk))
+                body = b"".join(parts)
+            if size is not None and len(body) != size:
+                raise OSError(f"truncated: got {len(body)} of {size} bytes")
+            return body
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code} {e.reason}"
+            if 400 <= e.code < 500 and e.code != 429:
+                break  # a missing file stays missing
+        except (OSError, ValueError) as e:  # URLError, timeouts, resets, IncompleteRead
+            last = str(getattr(e, "reason", None) or e)
+    raise UserError(f"could not download {url} ({last}; {attempt + 1} tries)")
+
+
+def fetch(names, out_dir, mirror=GITHUB_RAW):
+    """Write each dataset of `names` into `out_dir`, checked and converted; -> {name: rows}.
+
+    The raw file is taken from `<out_dir>/upstream/<repo>/<commit>/<path>` when it is there with the
+    pinned digest (put there by hand where the network cannot reach the source), else downloaded
+    from `<mirror>/<repo>/<commit>/<path>` and kept there. A converted file already in `out_dir` is
+    rewritten only if its content differs. Every file is written whole or not at all (a temporary
+    file renamed into place), so an error leaves nothing partial behind.
+    """
+    import hashlib
+    written = {}
+    os.makedirs(out_dir, exist_ok=True)
+    for name in names:
+        file, repo, commit, path, digest = SOURCES[name][:5]
+        url = f"{mirror.rstrip('/')}/{repo}/{commit}/{path}"
+        cached = os.path.join(out_dir, "upstream", repo, commit, path)
+        raw = open(cached, "rb").read() if os.path.isfile(cached) else None
+        if raw is None or hashlib.sha256(raw).hexdigest() != digest:
+            try:
+                raw = _download(url, file)
+            except UserError as e:
+                raise UserError(f"{e}: download it by hand (from {GITHUB_RAW}/{repo}/{commit}/{path}) "
+                                f"and place it at {cached}, then run this again") from None
+            got = hashlib.sha256(raw).hexdigest()
+            if got != digest:
+                page = " (an HTML page, not the data)" if raw.lstrip()[:1] == b"<" else ""
+                raise UserError(f"{url}: SHA-256 {got} is not the pinned {digest}{page}: the file is "
+                                f"corrupt or not the pinned version; nothing was written")
+            rows = convert(name, raw)  # a malformed row fails before anything is written
+            _write_atomic(cached, raw)
+        rows = convert(name, raw)
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+        target = os.path.join(out_dir, file)
+        same = os.path.isfile(target) and open(target, "rb").read() == body
+        if not same:
+            _write_atomic(target, body)
+        print(f"{name}: {len(rows)} rows {'(up to date) ' if same else ''}-> {target}", flush=True)
+        written[name] = rows
+    return written
+
+
+def _write_atomic(path, body):
+    """Write `body` to `path` through a temporary file in the same directory and a rename."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def main(argv=None):
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(description="Fetch the math data sets from pinned public sources.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fetch", help="download, check (SHA-256), convert and write the data sets")
+    f.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"data sets to fetch (default: all): {' '.join(SOURCES)}")
+    f.add_argument("--out", default="data", help="directory written (default: data/)")
+    f.add_argument("--mirror", default=GITHUB_RAW,
+                   help=f"base URL laid out as <repo>/<commit>/<path> (default: {GITHUB_RAW})")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in SOURCES]
+    if unknown:
+        ap.error(f"unknown data set(s) {unknown}; known: {' '.join(SOURCES)}")
+    try:
+        fetch(args.names or list(SOURCES), args.out, args.mirror)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

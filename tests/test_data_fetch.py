@@ -1,0 +1,194 @@
+"""data.py fetch over real HTTP: ../shared/upstream served by http.server stands in for GitHub's raw
+host; the converted files must equal ../shared/data (converted independently from the same bytes)
+row for row, and every bad input is an error that names it and leaves nothing behind."""
+import functools
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import data
+from config import UserError
+from qwen_math import DATA_DIR, ROOT, SHARED, need_shared
+
+UPSTREAM = os.path.join(SHARED, "upstream")
+
+
+class Quiet(http.server.SimpleHTTPRequestHandler):
+    """http.server's static handler, counting the requests it answers and keeping quiet."""
+    hits = []
+
+    def log_message(self, *args):
+        Quiet.hits.append(self.path)
+
+
+@pytest.fixture
+def serve():
+    """serve(directory, handler=Quiet) -> base URL of a static HTTP server over it (stopped after)."""
+    servers = []
+
+    def start(directory, handler=Quiet):
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                                functools.partial(handler, directory=directory))
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield start
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def copy_of(tmp_path, name):
+    """A copy of dataset `name`'s upstream tree under tmp_path/mirror; -> (mirror dir, raw file path)."""
+    _, repo, commit, path = data.SOURCES[name][:4]
+    dst = tmp_path / "mirror" / repo / commit / path
+    dst.parent.mkdir(parents=True)
+    shutil.copy(os.path.join(UPSTREAM, repo, commit, path), dst)
+    return str(tmp_path / "mirror"), dst
+
+
+def files_under(out):
+    """Every file under `out`: after an error, none (no converted file, no temporary one)."""
+    return [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+
+
+def test_every_data_set_fetched_over_http_equals_the_reference_row_for_row(tmp_path, serve):
+    need_shared(UPSTREAM, DATA_DIR)
+    url, out = serve(UPSTREAM), tmp_path / "data"
+    Quiet.hits.clear()
+    got = data.fetch(list(data.SOURCES), str(out), mirror=url)
+    assert len(Quiet.hits) == len(data.SOURCES)
+    for name, (file, repo, commit, path) in ((n, s[:4]) for n, s in data.SOURCES.items()):
+        want = [json.loads(ln) for ln in open(os.path.join(DATA_DIR, file))]
+        rows = data.load_problems(str(out / file))  # the loaders read what fetch writes
+        assert [(r["problem"], r["answer"]) for r in rows] == [(r["problem"], r["answer"]) for r in want], name
+        assert rows == got[name] and {r["source"] for r in rows} == {f"{repo}:{path}@{commit}"}
+    assert len(got["math_train"]) == 7470 and len(got["olympiadbench"]) == 675  # 4 null answers dropped
+    # a second fetch downloads nothing (the raw files are kept, checked by digest) and rewrites nothing
+    stamps = {f: os.stat(out / f).st_mtime_ns for f in os.listdir(out) if f.endswith(".jsonl")}
+    Quiet.hits.clear()
+    data.fetch(list(data.SOURCES), str(out), mirror=url)
+    assert Quiet.hits == []
+    assert stamps == {f: os.stat(out / f).st_mtime_ns for f in stamps}
+
+
+def test_the_normalisations_of_the_converter():
+    """The answer rules on rows written here: AIME leading zeros, AMC floats, GSM8K commas, the last
+    balanced \\boxed of a Minerva solution, OlympiadBench's $...$ lists."""
+    def one(name, row):
+        raw = json.dumps(row).encode() if name != "math_train" else json.dumps([row]).encode()
+        return data.convert(name, raw)[0]
+    assert one("aime24", {"problem": "p", "answer": "025"})["answer"] == "25"
+    assert one("aime24", {"problem": "p", "answer": "025"})["answer_raw"] == "025"
+    assert one("amc23", {"question": "p", "answer": 27.0})["answer"] == "27"
+    assert one("amc23", {"question": "p", "answer": "2.5"})["answer"] == "2.5"
+    assert one("gsm8k", {"question": "p", "answer": "so 3*4=12\n#### 1,234"})["answer"] == "1234"
+    assert one("minerva", {"problem": "p", "solution": "\\boxed{1} then \\boxed{\\frac{1}{2} }."})[
+        "answer"] == "\\frac{1}{2}"
+    assert one("olympiadbench", {"question": "p", "final_answer": ["$x=1$", " $2$"]})["answer"] == "x=1,2"
+
+
+@pytest.mark.parametrize("name,broken", [
+    ("aime24", {"answer": None}), ("minerva", {"solution": "no box"}), ("gsm8k", {"answer": "12"}),
+    ("olympiadbench", {"final_answer": []}), ("math500", {"problem": ""})])
+def test_a_row_without_an_answer_names_the_file_and_row_and_writes_nothing(tmp_path, serve, monkeypatch,
+                                                                           name, broken):
+    """The upstream file changed (and its pin with it): row 3 lost its answer. A naive converter writes
+    `"answer": null` (or an empty problem) that eval would grade against; this one stops."""
+    need_shared(UPSTREAM)
+    mirror, raw = copy_of(tmp_path, name)
+    lines = raw.read_text().splitlines()
+    row = json.loads(lines[2])
+    row.update(broken)
+    lines[2] = json.dumps(row)
+    raw.write_text("\n".join(lines) + "\n")
+    pinned = list(data.SOURCES[name])
+    pinned[4] = hashlib.sha256(raw.read_bytes()).hexdigest()
+    monkeypatch.setitem(data.SOURCES, name, tuple(pinned))
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"test\.jsonl: row 3 has no"):
+        data.fetch([name], str(out), mirror=serve(mirror))
+    assert files_under(out) == []
+
+
+def test_a_corrupted_byte_is_refused_by_its_digest_and_writes_nothing(tmp_path, serve):
+    need_shared(UPSTREAM)
+    mirror, raw = copy_of(tmp_path, "amc23")
+    body = bytearray(raw.read_bytes())
+    body[1000] ^= 0x01  # one bit, in a problem's text: the rows still parse
+    raw.write_bytes(bytes(body))
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"amc23/test\.jsonl: SHA-256 \w+ is not the pinned 43707e1c"):
+        data.fetch(["amc23"], str(out), mirror=serve(mirror))
+    assert files_under(out) == []
+
+
+def test_an_html_page_in_place_of_the_file_is_named_as_such(tmp_path, serve):
+    """A captive portal or a proxy's error page answers 200 with HTML."""
+    need_shared(UPSTREAM)
+    mirror, raw = copy_of(tmp_path, "aime25")
+    raw.write_text("<!DOCTYPE html><html><body>Sign in to continue</body></html>")
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"an HTML page, not the data"):
+        data.fetch(["aime25"], str(out), mirror=serve(mirror))
+    assert files_under(out) == []
+
+
+class Truncating(Quiet):
+    """Announces the whole file's length, sends half of it and closes the connection."""
+
+    def copyfile(self, source, outputfile):
+        outputfile.write(source.read()[:500])
+
+
+def test_a_truncated_body_is_retried_then_refused(tmp_path, serve, monkeypatch):
+    """urllib hands over a short body without complaint when the server closes early; the digest
+    would catch it too, but the message must say what happened."""
+    need_shared(UPSTREAM)
+    monkeypatch.setattr(data, "FETCH_TRIES", 2)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    mirror, _ = copy_of(tmp_path, "aime24")
+    Quiet.hits.clear()
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"could not download http://\S+/aime24/test\.jsonl \(.*2 tries\)"):
+        data.fetch(["aime24"], str(out), mirror=serve(mirror, Truncating))
+    assert len(Quiet.hits) == 2
+    assert files_under(out) == []
+
+
+def test_server_down_is_one_error_line_naming_the_url_and_where_to_put_the_file(tmp_path):
+    """On the command line: exit 2 and one `error:` line (after the retries, shortened here) with
+    the URL and the path where a file downloaded by hand is taken from; then that file is used."""
+    need_shared(UPSTREAM)
+    out = tmp_path / "data"
+    code = ("import sys, data; data.FETCH_TRIES = 2; import time; time.sleep = lambda s: None; "
+            "data.main(sys.argv[1:])")
+    run = subprocess.run([sys.executable, "-c", code, "fetch", "aime24", "--out", str(out), "--mirror",
+                          "http://127.0.0.1:9"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, run.stderr
+    _, repo, commit, path = data.SOURCES["aime24"][:4]
+    by_hand = out / "upstream" / repo / commit / path
+    assert f"http://127.0.0.1:9/{repo}/{commit}/{path}" in errors[0] and str(by_hand) in errors[0]
+    assert files_under(out) == []
+    by_hand.parent.mkdir(parents=True)
+    shutil.copy(os.path.join(UPSTREAM, repo, commit, path), by_hand)
+    again = subprocess.run([sys.executable, "data.py", "fetch", "aime24", "--out", str(out), "--mirror",
+                            "http://127.0.0.1:9"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(ln)["answer"] for ln in open(out / "aime24.jsonl")] == \
+        [json.loads(ln)["answer"] for ln in open(os.path.join(DATA_DIR, "aime24.jsonl"))]
+
+
+def test_unknown_names_are_refused():
+    run = subprocess.run([sys.executable, "data.py", "fetch", "math", "--out", "/nonexistent"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "unknown data set(s) ['math']" in run.stderr
