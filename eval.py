@@ -5,6 +5,14 @@
         [--top-p 0.95] [--max-new-tokens N] [--k 1,8,16] [--greedy] [--seed 0] [--out results.json]
     torchrun --nproc_per_node 8 eval.py --ckpt ... -n 16  # problems sharded over ranks; write
                                                           # -n (torchrun takes --n for its own)
+    python eval.py --ckpt CKPT --preset paper   # the protocol of the papers' tables (see PRESETS)
+    python eval.py --table runs/*/step_000500/eval/results.json --out table.md
+
+A protocol (--preset paper or quick) fixes the benchmarks, the samples per problem, temperature,
+top_p, the response cap and the prompt; any of them can still be overridden by its flag. results.json
+records the protocol used, and --table puts several results side by side (a row per run, the mean
+over seeds of each method, 95% intervals, the paper's reported numbers as a reference row) only when
+they share it.
 
 Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
@@ -44,6 +52,7 @@ from tqdm import tqdm
 
 import data
 import policy
+from config import UserError
 import reward
 import rollout
 
@@ -52,6 +61,24 @@ BENCHMARKS = {"math500": "math500.jsonl", "aime24": "aime24.jsonl", "aime25": "a
               "amc23": "amc23.jsonl", "minerva": "minerva_math.jsonl",
               "olympiadbench": "olympiadbench.jsonl", "gsm8k": "gsm8k_test.jsonl"}
 DEFAULT_K = (1, 8, 16)
+# Named protocols (--preset). "paper": the one of this line of work's tables for Qwen2.5-Math
+# (SimpleRL-Zoo, Dr.GRPO, the TEPO paper's seven benchmarks): avg@32 on the benchmarks of under 100
+# problems (AIME 24/25, AMC 23, where one sample per problem is mostly noise), avg@4 on the others;
+# T 0.6 and top_p 0.95; the chat template with the boxed-answer instruction ("default"); responses up
+# to 3,072 tokens, so that prompt and response fit Qwen2.5-Math's 4,096-token context (as in training,
+# configs/math1.5b.yaml). Which parts the TEPO paper states, and which are ours, README says.
+# "quick": one greedy sample per problem, for a first look.
+PRESETS = {
+    "paper": {"benchmarks": list(BENCHMARKS), "n": {"below_100": 32, "else": 4}, "temperature": 0.6,
+              "top_p": 0.95, "max_new_tokens": 3072, "prompt_template": "default"},
+    "quick": {"benchmarks": list(BENCHMARKS), "greedy": True, "max_new_tokens": 3072,
+              "prompt_template": "default"},
+}
+# The TEPO paper's reported accuracies (%, Qwen2.5-Math-1.5B, its own protocol), as its abstract and
+# summaries give them: TEPO's average over the seven benchmarks and its MATH-500, and GRPO's average
+# (1.74 points below TEPO's). The other cells are not stated there. --table shows them as a
+# reference row, never as a run.
+PAPER_REPORTED = {"tepo": {"math500": 77.20, "avg": 32.04}, "grpo": {"avg": 30.30}}
 # Default chunk: about this many sequences (problems x n) per generate call. Larger chunks batch
 # better (a call's last, longest responses decode in a thin batch: MATH-500 at n=4 on CPU took
 # ~1.5x longer in chunks of 128 problems than in one call); smaller ones spread a benchmark over
@@ -128,8 +155,13 @@ def problem_metrics(samples, ks):
 def summarize(problems, ks):
     """Benchmark metrics: the mean of each per-problem metric, response length and truncation."""
     keys = ["accuracy"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
-    out = {"problems": len(problems), "n": len(problems[0]["samples"])}
+    out = {"problems": len(problems), "n": len(problems[0]["samples"]), "k": list(ks)}
     out.update({key: sum(p["metrics"][key] for p in problems) / len(problems) for key in keys})
+    # The standard error of the accuracy over problems: each problem's avg@n carries its sampling
+    # noise, so this one number covers both (the interval of --table); None below 2 problems.
+    acc = [p["metrics"]["accuracy"] for p in problems]
+    out["accuracy_se"] = (math.sqrt(sum((a - out["accuracy"]) ** 2 for a in acc) / (len(acc) - 1)
+                                    / len(acc)) if len(acc) > 1 else None)
     gen = [s for p in problems for s in p["samples"] if s["finish_reason"] != "prompt_too_long"]
     out["mean_response_tokens"] = sum(s["tokens"] for s in gen) / max(len(gen), 1)
     out["truncation_rate"] = sum(s["finish_reason"] == "length" for s in gen) / max(len(gen), 1)
@@ -175,7 +207,13 @@ def context_length(ckpt):
 def parse_args(argv=None):
     """Parse and check the command line; bad input exits with a message naming the problem."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--ckpt", required=True, help="transformers-format model directory")
+    ap.add_argument("--ckpt", help="transformers-format model directory")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a named protocol (see PRESETS); its "
+                                                              "settings yield to the flags given")
+    ap.add_argument("--max-problems", type=int, help="only the first N problems of each benchmark "
+                                                     "(a smoke test; recorded in the protocol)")
+    ap.add_argument("--table", nargs="+", metavar="RESULTS", help="write the table of these "
+                    "results.json files (--out, default table.md, and a .csv beside it) and stop")
     ap.add_argument("--benchmarks", help="comma-separated names (default: all of BENCHMARKS, or "
                                          "none when --data is given)")
     ap.add_argument("--data-dir", default=os.environ.get("TEPO_DATA_DIR", "data"),
@@ -185,8 +223,8 @@ def parse_args(argv=None):
     # -n / --num-samples: under torchrun, whose parser takes `--n` for an abbreviation of its own.
     ap.add_argument("-n", "--n", "--num-samples", dest="n", type=int,
                     help="samples per problem (default 16; 1 with --greedy)")
-    ap.add_argument("--temperature", type=float, default=0.6)
-    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--temperature", type=float, help="default 0.6")
+    ap.add_argument("--top-p", type=float, help="default 0.95")
     ap.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int,
                     help="response budget (default: the checkpoint's max_new_tokens, else 4096)")
     ap.add_argument("--k", help="comma-separated k of pass@k and maj@k (default: 1,8,16 up to n, "
@@ -207,6 +245,25 @@ def parse_args(argv=None):
                                                    "(default: ceil(1024 / n)); part of the seed")
     ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json)")
     args = ap.parse_args(argv)
+    if args.table:
+        args.out = args.out or "table.md"
+        return args
+    if not args.ckpt:
+        ap.error("--ckpt is required (or --table RESULTS ...)")
+    preset = PRESETS.get(args.preset, {})
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    for key in ("temperature", "top_p", "max_new_tokens", "prompt_template"):
+        if key not in given and key in preset:
+            setattr(args, key, preset[key])
+    if preset and args.benchmarks is None and not args.data:
+        args.benchmarks = ",".join(preset["benchmarks"])
+    args.greedy = args.greedy or (preset.get("greedy", False) and args.n in (None, 1)
+                                  and args.temperature in (None, 0.0))
+    args.n_rule = preset.get("n") if args.n is None and not args.greedy else None
+    args.temperature = 0.6 if args.temperature is None else args.temperature
+    args.top_p = 0.95 if args.top_p is None else args.top_p
+    if args.max_problems is not None and args.max_problems < 1:
+        ap.error(f"--max-problems must be >= 1, got {args.max_problems}")
 
     if not os.path.isfile(os.path.join(args.ckpt, "config.json")):
         hint = ""
@@ -239,14 +296,14 @@ def parse_args(argv=None):
     if args.temperature == 0 and args.n > 1:
         ap.error("temperature 0 gives n identical samples: use --greedy (n = 1)")
     try:
-        ks = [int(k) for k in args.k.split(",")] if args.k else \
-            sorted({k for k in DEFAULT_K if k <= args.n} | {args.n})
+        args.k = [int(k) for k in args.k.split(",")] if args.k else None
     except ValueError:
         ap.error(f"--k must be comma-separated integers, got {args.k!r}")
-    bad = [k for k in ks if not 1 <= k <= args.n]
+    least = min(args.n_rule.values()) if args.n_rule else args.n
+    bad = [k for k in args.k or [] if not 1 <= k <= least]
     if bad:
-        ap.error(f"--k {bad}: every k must be between 1 and n = {args.n} (samples per problem)")
-    args.ks = sorted(set(ks))
+        ap.error(f"--k {bad}: every k must be between 1 and n = {least} (samples per problem)")
+    args.ks = samples_and_ks(args, 0)[1]
     args.max_new_tokens = args.max_new_tokens or cfg.get("max_new_tokens") or 4096
     if args.max_new_tokens < 1:
         ap.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -255,14 +312,22 @@ def parse_args(argv=None):
     if template is not None and template != "default" and "{problem}" not in template:
         ap.error(f"--prompt-template must contain '{{problem}}', got {template!r}")
     args.template = None if template == "default" else template
-    args.chunk_size = args.chunk_size or math.ceil(SEQS_PER_CALL / args.n)
-    if args.chunk_size < 1:
+    if args.chunk_size is None and not args.n_rule:
+        args.chunk_size = math.ceil(SEQS_PER_CALL / args.n)
+    if args.chunk_size is not None and args.chunk_size < 1:
         ap.error(f"--chunk-size must be >= 1, got {args.chunk_size}")
     args.out = args.out or os.path.join(args.ckpt, "eval", "results.json")
     return args
 
 
 # ----------------------------------------------------------------------------- sampling
+
+def samples_and_ks(args, size):
+    """(n, ks) for a benchmark of `size` problems: --n, or the preset's rule by size (avg@32 under
+    100 problems, avg@4 else); --k, or 1, 8, 16 up to n, and n."""
+    n = args.n if not args.n_rule else (args.n_rule["below_100"] if size < 100 else args.n_rule["else"])
+    return n, sorted(set(args.k or ({k for k in DEFAULT_K if k <= n} | {n})))
+
 
 def chunk_seed(seed, benchmark, chunk):
     """A 31-bit sampling seed for one chunk of one benchmark, independent of the rank."""
@@ -339,16 +404,154 @@ def gather(records, world):
     return sorted((r for p in parts for r in p), key=lambda r: r["index"]) if parts else None
 
 
+# ----------------------------------------------------------------------------- protocol and table
+
+def protocol(args, plan, results):
+    """What must be equal for two results to share a table: the benchmarks with their samples per
+    problem and problem counts, sampling, response cap, prompt and grader (not the seed)."""
+    return {"preset": args.preset,
+            "benchmarks": {b: {"n": n, "problems": results[b]["problems"]} for b, (n, _) in plan.items()},
+            "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
+            "prompt_template": args.template, "max_problems": args.max_problems, "grader": args.grader}
+
+
+# Student's t 0.975 quantile by degrees of freedom (the usual table); beyond 30, the first two
+# terms of its expansion in 1/df around the normal z (Abramowitz & Stegun 26.7.5), within 5e-4 of
+# it there. numpy has no t distribution.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042]
+Z975 = 1.959964
+
+
+def t975(df):
+    z = Z975
+    if df <= len(T975):
+        return T975[df - 1]
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def run_cells(result):
+    """{benchmark or "avg": (accuracy %, 95% half-width % or None)} of one results.json.
+
+    A benchmark: its avg@n and the normal interval over problems (accuracy_se). The average: the
+    unweighted mean over benchmarks, as the papers report it; its error combines the benchmarks'
+    as independent (sqrt of the summed variances over their count)."""
+    cells, ses = {}, []
+    for name, m in result["benchmarks"].items():
+        se = m.get("accuracy_se")
+        cells[name] = (100 * m["accuracy"], None if se is None else 100 * Z975 * se)
+        ses.append(se)
+    mean = sum(v for v, _ in cells.values()) / len(cells)
+    half = None if None in ses else 100 * Z975 * math.sqrt(sum(se ** 2 for se in ses)) / len(ses)
+    cells["avg"] = (mean, half)
+    return cells
+
+
+def seed_cells(runs):
+    """{column: (mean %, Student's t 95% half-width over the runs)} of several runs of one method."""
+    out = {}
+    for col in runs[0]:
+        vals = [r[col][0] for r in runs]
+        mean = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        out[col] = (mean, t975(len(vals) - 1) * sd / math.sqrt(len(vals)))
+    return out
+
+
+def write_table(paths, out):
+    """The Markdown table of several results.json (one protocol) at `out`, and a CSV beside it.
+
+    A row per run (method, seed, checkpoint); for each method and checkpoint name (step_000500)
+    with runs of two or more seeds, a row of their mean with its interval over seeds; then the
+    paper's reported numbers, marked as a reference: they come from the paper's own protocol.
+    -> the Markdown text."""
+    results = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                result = json.load(f)
+        except FileNotFoundError:
+            raise UserError(f"--table: results file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"--table: {path} is not JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(result, dict) or "protocol" not in result or "benchmarks" not in result:
+            raise UserError(f"--table: {path} records no protocol (not a results.json of this eval.py, "
+                            f"or one written before protocols were recorded): evaluate it again")
+        results.append(result)
+    first = results[0]["protocol"]
+    for path, result in zip(paths[1:], results[1:]):
+        if result["protocol"] != first:
+            keys = sorted(k for k in set(first) | set(result["protocol"])
+                          if first.get(k) != result["protocol"].get(k))
+            raise UserError(f"--table: {path} was evaluated under another protocol than {paths[0]} "
+                            f"(they differ in {', '.join(keys)}: {[result['protocol'].get(k) for k in keys]} "
+                            f"against {[first.get(k) for k in keys]}); evaluate both with the same --preset")
+    cols = list(first["benchmarks"]) + ["avg"]
+    rows = []  # (label, kind, {col: (value, half or None)})
+    by_method = {}
+    for path, result in zip(paths, results):
+        method = result.get("method") or "?"
+        ckpt = result.get("ckpt") or path
+        where = os.path.join(os.path.basename(os.path.dirname(ckpt)), os.path.basename(ckpt))
+        label = f"{method} (seed {result.get('seed')}, {where})"
+        cells = run_cells(result)
+        rows.append((label, "run", cells))
+        by_method.setdefault((method, os.path.basename(ckpt)), {})[result.get("seed")] = cells
+    for (method, step), runs in by_method.items():
+        if len(runs) > 1:
+            rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
+                         seed_cells(list(runs.values()))))
+    for method, numbers in PAPER_REPORTED.items():
+        rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
+                     {c: (numbers[c], None) for c in cols if c in numbers}))
+
+    def show(cell):
+        if cell is None:
+            return "n/r"
+        value, half = cell
+        return f"{value:.2f}" + ("" if half is None else f" ± {half:.2f}")
+    p = first
+    ns = [f"{b} {v['n']}" for b, v in p["benchmarks"].items()]
+    ns = ", ".join(ns) if len({v["n"] for v in p["benchmarks"].values()}) > 1 else ns[0].split()[-1]
+    lines = [f"Accuracy (avg@n, %) with 95% intervals: over problems and samples for a run, over seeds "
+             f"for a method's mean (Student's t). Protocol: {p['preset'] or 'custom'}; n = {ns}; "
+             f"T {p['temperature']}, top_p {p['top_p']}, up to {p['max_new_tokens']} response tokens"
+             + (f"; the first {p['max_problems']} problems of each benchmark" if p["max_problems"] else "")
+             + ". n/r: not reported.", "",
+             "| run | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for label, kind, cells in rows:
+        name = f"*{label}*" if kind == "reference" else f"**{label}**" if kind == "seeds" else label
+        lines.append(f"| {name} | " + " | ".join(show(cells.get(c)) for c in cols) + " |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+    csv_path = os.path.splitext(out)[0] + ".csv"
+    with open(csv_path, "w") as f:
+        f.write("run,kind," + ",".join(f"{c},{c}_ci95_low,{c}_ci95_high" for c in cols) + "\n")
+        for label, kind, cells in rows:
+            fields = []
+            for c in cols:
+                value, half = cells.get(c, (None, None))
+                fields += ["" if value is None else f"{value:.4f}"] + (
+                    ["", ""] if half is None else [f"{value - half:.4f}", f"{value + half:.4f}"])
+            f.write(f'"{label}",{kind},' + ",".join(fields) + "\n")
+    print(text + f"wrote {out} and {csv_path}")
+    return text
+
+
 # ----------------------------------------------------------------------------- main
 
-def print_table(results, ks):
+def print_table(results):
+    ks = sorted({k for m in results.values() for k in m["k"]})
     cols = ["accuracy"] + [f"pass@{k}" for k in ks] + [f"maj@{k}" for k in ks]
     head = f"{'benchmark':<16}{'problems':>9}{'n':>5}" + "".join(f"{c:>10}" for c in cols) + \
         f"{'tokens':>9}{'trunc':>8}"
     print(head + "\n" + "-" * len(head))
     for name, m in results.items():
         print(f"{name:<16}{m['problems']:>9}{m['n']:>5}" +
-              "".join(f"{100 * m[c]:>10.1f}" for c in cols) +
+              "".join(f"{100 * m[c]:>10.1f}" if c in m else f"{'-':>10}" for c in cols) +
               f"{m['mean_response_tokens']:>9.0f}{100 * m['truncation_rate']:>7.1f}%")
 
 
@@ -356,6 +559,8 @@ def main(argv=None):
     """Run the evaluation; rank 0 writes the outputs and returns the results dict."""
     t_start = time.time()
     args = parse_args(argv)
+    if args.table:
+        return write_table(args.table, args.out)
     # Under torchrun: the trainer's group setup (gloo for CPU tensors, nccl for CUDA ones). Alone:
     # no group, and vLLM makes its own (so eval.main can run twice in one process).
     rank, world = (policy.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
@@ -364,6 +569,9 @@ def main(argv=None):
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tokenizer = data.load_tokenizer(args.ckpt)
     problems = {name: data.load_problems(path) for name, path in args.files.items()}
+    # n per benchmark by its full size (AIME stays avg@32 when --max-problems cuts it)
+    plan = {name: samples_and_ks(args, len(rows)) for name, rows in problems.items()}
+    problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]
                for name, rows in problems.items()}  # tokenized as rollout tokenizes a text prompt
@@ -374,18 +582,21 @@ def main(argv=None):
     engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
                                  max_model_len=max_model_len, seed=args.seed)
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
+    chunks = {}
     for name, rows in problems.items():
-        mine = sum(len(idx) for _, idx in my_chunks(len(rows), args.chunk_size, rank, world))
+        n, ks = plan[name]
+        chunk_size = chunks[name] = args.chunk_size or math.ceil(SEQS_PER_CALL / n)
+        mine = sum(len(idx) for _, idx in my_chunks(len(rows), chunk_size, rank, world))
         bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
                    unit="problem", disable=rank != 0)
         records = gather(sample_benchmark(
-            engine, name, rows, prompts[name], n=args.n, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=args.chunk_size,
-            ks=args.ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
+            engine, name, rows, prompts[name], n=n, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=chunk_size,
+            ks=ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
             world=world, context=max_model_len, clock=clock, bar=bar), world)
         bar.close()
         if rank == 0:
-            results[name], all_records[name] = summarize(records, args.ks), records
+            results[name], all_records[name] = summarize(records, ks), records
             if results[name]["prompt_too_long"]:
                 print(f"warning: {name}: {results[name]['prompt_too_long']} prompts do not fit the "
                       f"context of {max_model_len} tokens; their samples count as wrong")
@@ -396,12 +607,18 @@ def main(argv=None):
     tokens = sum(m["generated_tokens"] for m in results.values())
     problems = sum(m["problems"] for m in results.values())
     samples_path = os.path.splitext(args.out)[0] + "_samples.jsonl"
-    out = {"ckpt": os.path.abspath(args.ckpt), "benchmarks": results,
-           "config": {"n": args.n, "k": args.ks, "temperature": args.temperature,
+    cfg = train_config(args.ckpt)
+    one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
+    out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
+           "protocol": protocol(args, plan, results), "benchmarks": results,
+           "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},
+                      "k": one([ks for _, ks in plan.values()]) or {b: ks for b, (_, ks) in plan.items()},
+                      "temperature": args.temperature,
                       "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
                       "max_model_len": max_model_len, "greedy": args.greedy, "seed": args.seed,
                       "prompt_template": args.template, "backend": args.backend, "grader": args.grader,
-                      "chunk_size": args.chunk_size, "world_size": world,
+                      "chunk_size": one(list(chunks.values())) or chunks, "world_size": world,
+                      "max_problems": args.max_problems, "preset": args.preset,
                       "files": {k: os.path.abspath(v) for k, v in args.files.items()}},
            "timing": {"total_s": t_end - t_start, "eval_s": t_end - t_sample,
                       "rank0_generate_s": clock["generate_s"],
@@ -416,7 +633,7 @@ def main(argv=None):
                 for j, s in enumerate(r["samples"]):
                     f.write(json.dumps({"benchmark": name, "index": r["index"], "sample": j,
                                         "problem": r["problem"], "gold": r["gold"], **s}) + "\n")
-    print_table(results, args.ks)
+    print_table(results)
     t = out["timing"]
     print(f"{problems} problems, {tokens} generated tokens in {t['eval_s']:.1f}s "
           f"({t['problems_per_s']:.2f} problems/s, {t['generated_tokens_per_s']:.0f} tokens/s; "

@@ -239,26 +239,12 @@ def paired_effect(x, y, kind="diff", n_boot=BOOT, seed=0, level=0.95):
     return float(f(x, y)), float(lo), float(hi)
 
 
-# Student's t 0.975 quantile by degrees of freedom (the usual table); beyond 30, the first two
-# terms of its expansion in 1/df around the normal z (Abramowitz & Stegun 26.7.5), within 5e-4 of
-# it there. numpy has no t distribution.
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042]
-
-
-def t975(df):
-    z = 1.959964
-    if df <= len(T975):
-        return T975[df - 1]
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-
-
 def t_interval(x, y):
     """The cross-check of a paired effect: Student's t 95% interval of the mean per-seed difference
     mean(x - y). A percentile bootstrap over 4 seeds is too narrow (it covers ~80%, not 95%), the t
     interval is not; for a ratio claim its sign says the same as the ratio's side of 1 (mean(x) <
     mean(y) exactly when mean(x - y) < 0). -> (mean difference, low, high); NaNs below 2 seeds."""
+    from eval import t975  # here, not at the top: eval imports torch, which the runner does without
     d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
     if len(d) < 2 or np.isnan(d).any():
         return (np.nan,) * 3

@@ -3,6 +3,7 @@ on a tiny model that the tests teach to answer \\boxed{7} or \\boxed{8} at rando
 accuracy, pass@k and maj@k are neither 0 nor 1)."""
 import itertools
 import json
+import math
 import os
 import random
 import subprocess
@@ -163,6 +164,88 @@ def test_cli_defaults_and_checkpoint_settings(fake_ckpt):
     a = ev.parse_args(["--ckpt", ckpt, "--data", f"{data}/mine.jsonl", "--n", "16", "--k", "8,1"])
     assert a.files == {"mine": f"{data}/mine.jsonl"} and a.ks == [1, 8] and a.n == 16
     assert a.out == os.path.join(ckpt, "eval", "results.json")
+
+
+def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
+    ckpt, data = fake_ckpt
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500", "--preset", "paper"])
+    assert (a.temperature, a.top_p, a.max_new_tokens, a.template) == (0.6, 0.95, 3072, None)  # chat template
+    assert ev.samples_and_ks(a, 30) == (32, [1, 8, 16, 32]) and ev.samples_and_ks(a, 99) == (32, [1, 8, 16, 32])
+    assert ev.samples_and_ks(a, 100) == (4, [1, 4]) and ev.samples_and_ks(a, 500) == (4, [1, 4])
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "paper", "--benchmarks", "math500",
+                       "-n", "8", "--temperature", "1.0", "--max-new-tokens", "64", "--prompt-template",
+                       "Q {problem}"])
+    assert ev.samples_and_ks(a, 30) == (8, [1, 8]) and (a.temperature, a.top_p) == (1.0, 0.95)
+    assert (a.max_new_tokens, a.template) == (64, "Q {problem}")
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "quick", "--benchmarks", "math500"])
+    assert (a.greedy, a.n, a.temperature, a.top_p, a.ks, a.max_new_tokens) == (True, 1, 0.0, 1.0, [1], 3072)
+    # without a preset: the defaults of before (n 16, T 0.6, the checkpoint's template and cap)
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500"])
+    assert ev.samples_and_ks(a, 30) == (16, [1, 8, 16]) and (a.template, a.max_new_tokens) == ("P {problem}", 77)
+    # the paper's default benchmark set is all seven: a data dir without them says which are missing
+    with pytest.raises(SystemExit):
+        ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "paper"])
+
+
+def fake_result(path, method, seed, accs, protocol=None, step="step_000100"):
+    """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize."""
+    benchmarks = {}
+    for name, per_problem in accs.items():
+        records = [{"samples": [{"tokens": 1, "finish_reason": "stop"}], "metrics": {"accuracy": a}}
+                   for a in per_problem]
+        benchmarks[name] = ev.summarize(records, [])
+    proto = protocol or {"preset": "paper", "benchmarks": {b: {"n": 4, "problems": len(v)}
+                                                           for b, v in accs.items()},
+                         "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 3072,
+                         "prompt_template": None, "max_problems": None, "grader": "rule"}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"ckpt": f"/runs/{method}-s{seed}/{step}", "method": method, "seed": seed,
+                   "protocol": proto, "benchmarks": benchmarks}, f)
+    return str(path)
+
+
+def test_the_table_a_row_per_run_the_mean_over_seeds_and_the_paper_as_reference(tmp_path):
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0, 0.5, 0.5], "aime24": [0.25, 0.75]})
+    b = fake_result(tmp_path / "b.json", "tepo", 1, {"math500": [1, 1, 0.5, 0.5], "aime24": [0.25, 0.25]})
+    c = fake_result(tmp_path / "c.json", "grpo", 0, {"math500": [0, 0, 0, 1], "aime24": [0, 0.5]})
+    text = ev.write_table([a, b, c], str(tmp_path / "t" / "table.md"))
+    lines = {ln.split(" | ")[0].strip("| *"): ln for ln in text.splitlines() if ln.startswith("|")}
+    # run a, math500: mean 0.5, sd over problems sqrt(1/6), se sqrt(1/6)/2; aime24: 0.5, se 0.25
+    se_m, se_a = math.sqrt(1 / 6) / 2, 0.25
+    half_m, half_a = 100 * 1.959964 * se_m, 100 * 1.959964 * se_a
+    half_avg = 100 * 1.959964 * math.sqrt(se_m ** 2 + se_a ** 2) / 2
+    assert lines["tepo (seed 0, tepo-s0/step_000100)"].endswith(
+        f"| 50.00 ± {half_m:.2f} | 50.00 ± {half_a:.2f} | 50.00 ± {half_avg:.2f} |")
+    # the two tepo seeds: math500 50 and 75, aime24 50 and 25, avg 50 and 50; t(0.975, 1 df) = 12.706
+    seeds = lines["tepo, step_000100: mean of 2 seeds"]
+    assert seeds.endswith(f"| 62.50 ± {12.706 * 12.5:.2f} | 37.50 ± {12.706 * 12.5:.2f} | 50.00 ± 0.00 |")
+    assert "grpo, step_000100: mean" not in text  # one seed: no mean row
+    assert lines["tepo as reported by the TEPO paper (its protocol)"].endswith("| 77.20 | n/r | 32.04 |")
+    assert lines["grpo as reported by the TEPO paper (its protocol)"].endswith("| n/r | n/r | 30.30 |")
+    csv = (tmp_path / "t" / "table.csv").read_text().splitlines()
+    assert csv[0].startswith("run,kind,math500,math500_ci95_low,math500_ci95_high,aime24")
+    first = csv[1].split(",")
+    assert first[-6:-3] == ["50.0000", f"{50 - half_a:.4f}", f"{50 + half_a:.4f}"]
+    assert len(csv) == 1 + 3 + 1 + 2
+
+
+def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp_path, capsys):
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0]})
+    other = json.load(open(a))["protocol"]
+    other = {**other, "temperature": 1.0}
+    b = fake_result(tmp_path / "b.json", "grpo", 0, {"math500": [1, 0]}, protocol=other)
+    with pytest.raises(ev.UserError, match=r"b\.json was evaluated under another protocol than .*a\.json "
+                                           r"\(they differ in temperature: \[1\.0\] against \[0\.6\]\)"):
+        ev.write_table([a, b], str(tmp_path / "t.md"))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"benchmarks": {}}))
+    with pytest.raises(ev.UserError, match="old.json records no protocol"):
+        ev.write_table([a, str(old)], str(tmp_path / "t.md"))
+    assert not (tmp_path / "t.md").exists()
+    run = subprocess.run([sys.executable, "eval.py", "--table", a, b, "--out", str(tmp_path / "t.md")],
+                         cwd=ev.os.path.dirname(ev.__file__), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stderr.startswith("error: --table:") and "another protocol" in run.stderr
 
 
 def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
