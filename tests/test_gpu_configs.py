@@ -5,9 +5,9 @@ MATH-500) and the sizes (steps, prompts, tokens). Everything else as configured:
 template, activation checkpointing, bf16 sampling, the method's preset, the evaluation schedule.
 
 One config per loss family runs 2 RL steps on 2 ranks with vLLM, saves, resumes for a third step,
-and eval.py judges the result: grpo (token ratio, the reference model and its KL term), dapo (token
-ratio, dynamic sampling, overlong shaping, the +1/-1 rewards) and tepo (sequence ratio, the KL
-mask). The others (drgrpo, gspo) differ from these only inside tepo.policy_loss (aggregation,
+and eval.py judges the result: grpo (token ratio, the reference model and its KL term) and dapo
+(token ratio, dynamic sampling, overlong shaping, the +1/-1 rewards); tepo (sequence ratio, the KL
+mask) is trained and evaluated by tests/test_paper_path.py, on the data data.py fetches. The others (drgrpo, gspo) differ from these only inside tepo.policy_loss (aggregation,
 advantages), which tests/test_tepo.py checks token by token: for them, and for every config, the
 file is loaded as train.py loads it and checked to resolve to its method's preset with the shared
 GPU settings. Skips, with the reason, when ../shared is absent.
@@ -22,7 +22,7 @@ import pytest
 
 from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, make_qwen_math_model, need_shared
 
-RUN = ("grpo", "dapo", "tepo")  # one per loss family (see the docstring)
+RUN = ("grpo", "dapo")  # tepo: tests/test_paper_path.py (see the docstring)
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "math1.5b-*.yaml")))
 # The sizes: 2 prompts x 8 samples per step (one prompt per rank), responses of at most 24
 # tokens, 6 held-out problems. max_prompt_len stays (1024): MATH prompts fit it.

@@ -1,0 +1,69 @@
+"""From a clone to the paper's table, on CPU, as README's "Reproduce the paper" runs it on GPUs:
+`data.py fetch` over HTTP (../shared/upstream served locally stands in for GitHub), two RL steps of
+configs/math1.5b-tepo.yaml on the fetched MATH train set (the model replaced by a random 2-layer
+Qwen2 with the real tokenizer, the sizes made small), `eval.py --preset paper` on the first problems
+of each of the seven benchmarks, and `eval.py --table` over the two checkpoints' results.
+
+This also stands for tepo in tests/test_gpu_configs.py's dry runs (the tepo config, trained and
+evaluated); grpo and dapo run there.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import eval as ev
+from qwen_math import DATA_DIR, ROOT, SHARED, TOKENIZER_DIR, make_qwen_math_model, need_shared
+from test_data_fetch import Quiet, serve  # noqa: F401  (a fixture)
+from test_gpu_configs import SIZES, torchrun
+
+
+def run(*cmd, timeout=900):
+    out = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{' '.join(cmd)}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out
+
+
+@pytest.mark.slow
+def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
+    need_shared(os.path.join(SHARED, "upstream"), TOKENIZER_DIR, DATA_DIR)
+    data = tmp_path / "data"
+    fetched = run("data.py", "fetch", "--out", str(data), "--mirror", serve(os.path.join(SHARED, "upstream")))
+    assert fetched.stdout.count(" rows -> ") == 8 and "math_train: 7470 rows" in fetched.stdout
+
+    model = make_qwen_math_model(str(tmp_path / "model"))
+    out_dir = tmp_path / "runs" / "math1.5b-tepo"
+    sets = [f"model={model}", f"train_data={data / 'math_train.jsonl'}", f"eval_data={data / 'math500.jsonl'}",
+            f"out_dir={out_dir}", "save_every=1", *SIZES]
+    # the parity reward gives a random model's groups reward spread (the real grader gives all 0)
+    torchrun(os.path.join(ROOT, "tests", "train_patched.py"), "--parity-reward", "--", "--config",
+             os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"), *[a for s in sets for a in ("--set", s)])
+    rows = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[1]["actor/optimizer_steps"] > 0
+
+    # the paper's protocol on the first 2 problems of each benchmark, responses cut to 12 tokens
+    results = []
+    for step in ("step_000001", "step_000002"):
+        path = tmp_path / "eval" / step / "results.json"
+        run("eval.py", "--ckpt", str(out_dir / step), "--preset", "paper", "--data-dir", str(data),
+            "--max-problems", "2", "--max-new-tokens", "12", "--out", str(path))
+        results.append(str(path))
+    got = json.load(open(results[1]))
+    p = got["protocol"]
+    assert list(p["benchmarks"]) == list(ev.BENCHMARKS) and got["method"] == "tepo"
+    assert {b: v["n"] for b, v in p["benchmarks"].items()} == {
+        "math500": 4, "aime24": 32, "aime25": 32, "amc23": 32, "minerva": 4, "olympiadbench": 4, "gsm8k": 4}
+    assert all(v["problems"] == 2 for v in p["benchmarks"].values())
+    assert (p["preset"], p["temperature"], p["top_p"], p["max_new_tokens"], p["max_problems"]) == \
+        ("paper", 0.6, 0.95, 12, 2)
+    assert got["benchmarks"]["aime24"]["n"] == 32 and got["benchmarks"]["gsm8k"]["k"] == [1, 4]
+
+    table = tmp_path / "table.md"
+    run("eval.py", "--table", *results, "--out", str(table))
+    text = table.read_text()
+    assert "| run | math500 | aime24 | aime25 | amc23 | minerva | olympiadbench | gsm8k | avg |" in text
+    for step in ("step_000001", "step_000002"):
+        assert f"| tepo (seed 0, math1.5b-tepo/{step}) |" in text
+    assert "| 77.20 |" in text and (tmp_path / "table.csv").exists()
