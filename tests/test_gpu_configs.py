@@ -93,3 +93,12 @@ def test_gpu_config_runs_resumes_and_evaluates(method, qwen_model, tmp_path):
                    cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
     got = json.load(open(results))["benchmarks"]["math500_slice"]
     assert got["problems"] == 6 and got["n"] == 2 and got["prompt_too_long"] == 0
+
+
+def test_the_7b_config_is_the_1p5b_setting_with_the_7b_model():
+    import train
+    small = train.load_config(os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
+    big = train.load_config(os.path.join(ROOT, "configs", "math7b.yaml"))
+    assert (big.model, big.out_dir, big.method) == ("Qwen/Qwen2.5-Math-7B", "runs/math7b-tepo", "tepo")
+    assert {k: v for k, v in vars(big).items() if k not in ("model", "out_dir")} == \
+        {k: v for k, v in vars(small).items() if k not in ("model", "out_dir")}
