@@ -289,3 +289,85 @@ KNOWN_MISSES = [
     ("5", "Yani cevap 5'tir.", T),              # Turkish: no marker, and the number does not end it
     ("|a+b| = 5", "5", T),                      # a label with an expression in it reads as an equation
 ]
+
+# ----------------------------------------------------------------------------- round 2 (issue 26)
+# Two batches per class of misjudgement of the second round, kept apart so each round can measure
+# a batch it did not fix against. BATCH1 was written before any change of that round and measured
+# (bench/bench_reward.py --round2), then the grader was fixed; BATCH2 was written after the fixes
+# and measured before the code was touched again. Written from how models and people write answers;
+# not copied from any grader's test suite. Classes: several answers, prose in other languages,
+# letters in prose, number forms, the last sentence before chat-template debris, escaped LaTeX and
+# shorthand, descriptions of one set.
+ROUND2_BATCH1 = {
+    "several": [
+        ("3, -5", r"The solutions are $x = \boxed{3}$ and $x = \boxed{-5}$.", T),
+        ("3, -5", r"$\boxed{-5}$ and $\boxed{3}$", T),
+        ("3, -5", r"\boxed{-5, 3}", T),
+        ("3, -5", r"\boxed{x = 3 \text{ or } x = -5}", T),
+        ("(1, 4), (4, 1)", r"\boxed{(4, 1), (1, 4)}", T),
+        ("(1, 4), (4, 1)", r"\boxed{(1, 4)} \quad \text{and} \quad \boxed{(4, 1)}", T),
+        ("(1, 4), (4, 1)", r"\boxed{(1, 4)}", F),
+        ("a=2, b=3", r"\boxed{2}, \boxed{3}", T),
+        ("a=2, b=3", r"\boxed{a = 3, b = 2}", F),
+        ("3, -5", r"\boxed{3}", F),
+        (r"3 \text{ and } -5", r"\boxed{3, -5}", T),
+        ("x=1, y=2", r"\boxed{y = 2, x = 1}", T),
+    ],
+    "prose": [
+        ("42", "所以答案是 **42**。", T),
+        ("42", "因此，总共有42个。", T),
+        ("15", "La respuesta es **15 manzanas**.", T),
+        ("15", "Donc, la réponse est 15 euros.", T),
+        ("7", "अतः उत्तर 7 है।", T),
+        ("8", "إذن الإجابة هي 8.", T),
+        ("8", "所以答案是 18。", F),
+        ("12", "Il a 12 ans, donc la réponse est 24.", F),
+    ],
+    "letters": [
+        ("B", "The answer is definitely B, not A or C.", T),
+        ("B", "It must be (B); (A) and (C) are ruled out.", T),
+        ("B", "La respuesta correcta es B, no A.", T),
+        ("B", "答案是B，不是A。", T),
+        ("A", "The answer is definitely B, not A or C.", F),
+        ("B Maria", "The answer is B.", T),
+        ("B Maria", r"\boxed{B}", T),
+        ("C Maria", "The answer is B.", F),
+    ],
+    "number_forms": [
+        ("3.5", "The cost is 3,5 €.", T),
+        ("2500.5", "2,500.50km", T),
+        ("1250", "She earned $1,250 in total.", T),
+        ("25", "The discount is 25% of the price.", T),
+        ("4.75", "It costs 4,75 €", T),
+        ("3.5", "3,5 km", T),
+        ("35", "3,5 km", F),
+        ("1250", "She earned $1,260 in total.", F),
+    ],
+    "debris": [
+        ("12", "So the total is 12.\nI hope it is correct.", T),
+        ("12", "The final answer is 12. I hope it is correct.<|im_end|>", T),
+        ("12", "Therefore the answer is 12.<|im_start|>", T),
+        ("9", "We find 3 + 6 = 9 apples.\n<|im_start|>assistant", T),
+        ("12", "So the total is 13.\nI hope it is correct.", F),
+    ],
+    "escaped_latex": [
+        (r"\frac{1}{2}", r"\\boxed{\\frac{1}{2}}", T),
+        (r"\frac{3}{4}", r"$\\boxed{\\dfrac{3}{4}}$", T),
+        (r"\frac{1}{2}", r"\boxed{\tfrac{1}{2}}", T),
+        (r"\frac{1}{2}", r"\boxed{\frac12}", T),
+        (r"\frac{3}{2}", r"\boxed{\frac32}", T),
+        ("1000", r"\boxed{1\!000}", T),
+        ("(1, 2)", r"\\boxed{\\left(1, 2\\right)}", T),
+        (r"\frac{1}{3}", r"\boxed{\frac12}", F),
+    ],
+    "sets": [
+        (r"(-\infty, -2) \cup (2, \infty)", r"\boxed{|x| > 2}", T),
+        ("[-3, 3]", r"\boxed{-3 \le x \le 3}", T),
+        ("[-3, 3]", r"\boxed{|x| \le 3}", T),
+        ("(-3, 3)", r"\boxed{|x| \le 3}", F),
+        (r"(-\infty, 1] \cup [5, \infty)", r"\boxed{|x - 3| \ge 2}", T),
+        (r"\begin{pmatrix} 0.5 & 0.25 \\ 0.75 & 1 \end{pmatrix}",
+         r"\begin{pmatrix} \frac{1}{2} & \frac{1}{4} \\ \frac{3}{4} & 1 \end{pmatrix}", T),
+        (r"\begin{pmatrix} 0.5 & 0.25 \end{pmatrix}", r"\begin{pmatrix} \frac{1}{2} & \frac{1}{3} \end{pmatrix}", F),
+    ],
+}
