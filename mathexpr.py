@@ -765,23 +765,28 @@ _ANSWER_IS = re.compile(
     r"|\bответ\b\s*равен\b|\brisposta\s+(?:è|e)\b|\bresposta\s+(?:é|e)\b|\bjawabannya\s+(?:adalah\b)?"
     r"|đáp án là|答案(?:是|为|為)|答えは|정답은"
     r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale))?[*\s]*[:：])[\s:*：]*")
-_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad)[\s,;$]*)?"
+_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad|\\[,;])[\s,;$]*){0,4}"
                        r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
 _PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
                    r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
 # the end of the model's turn: whatever follows (a new user turn, another answer) is not its answer
+_SIGN_OFF = re.compile(r"\s*(?:I\s+)?hope\s+(?:it|this|that)\s+(?:is|was|helps)(?:\s+correct)?\s*[.!]?\s*$",
+                       re.IGNORECASE)
 _END_OF_TURN = re.compile(r"<\|(?:im_end|im_start|eot_id|endoftext|end|start_header_id|user|assistant)\|>"
                           r"|</s>|<end_of_turn>|<start_of_turn>|\[/?INST\]")
 
 
 def _prepare(text):
-    """The text as the grader reads it: cut at the first end-of-turn marker (`<|im_end|>`...), and
-    with doubled backslashes undone when every command is written with two (`\\\\frac` from a JSON or
-    a prompt template; a matrix row break `\\\\` alone is left as it is)."""
+    """The text as the grader reads it: cut at the first end-of-turn marker (`<|im_end|>`...), without
+    a closing formula that states nothing ("I hope it is correct.", the sign-off of Minerva-style
+    few-shot answers), and with doubled backslashes undone when every command is written with two
+    (`\\\\frac` from a JSON or a prompt template; a matrix row break `\\\\` alone is left as it is)."""
     if "<|" in text or "</s>" in text or "_of_turn>" in text or "INST]" in text:
         parts = [x for x in _END_OF_TURN.split(text, maxsplit=20) if x.strip()]
         text = parts[0] if parts else ""
+    if "ope " in text[-80:]:
+        text = text[:-80] + _SIGN_OFF.sub("", text[-80:])
     if "\\\\" in text and re.search(r"\\\\(?:[a-zA-Z]{2,}|[{}])", text) \
             and not re.search(r"(?<!\\)\\(?:[a-zA-Z]{2,}|[{}])", text):
         text = text.replace("\\\\", "\\")
@@ -849,9 +854,12 @@ _PROSE_ASCII = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-z
 _PROSE = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]")  # ... or a letter of another script
 # the verb before a value in a sentence: "the area is 64", "le nombre est 12", "这个数是12"
 _IS = re.compile(r"(?i)(?:\b(?:is|are|was|equals|be|es|est|ist|è|é|равно|равен)\b|是|为|為)[\s*]*")
+_NUMBER_UNIT = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*(?!(?:more|less|fewer|times|greater|smaller|than|of|or|and|to|per)\b)"
+                          r"[^\W\d_]+(?:\s+[^\W\d_]+)?")  # a number and a unit of one or two words
 _LEAD_NUMBER = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s+[^\W\d_]+(?:\s+[^\W\d_]+)*\s*[.。]?")  # a number, then words
 # a sentence that ends in its number: "... est 12.", "所以这个数是12"
-_END_NUMBER = re.compile(r"(?:^|[\s:：是为為])(-?\d[\d,]*(?:\.\d+)?(?:\s*\\?%)?)\s*[.。!]?\s*$")
+_END_NUMBER = re.compile(r"(?:^|[\s:：]|(?<=[^\x00-\x7f]))(-?\d[\d,]*(?:\.\d+)?(?:\s*\\?%)?)\s*"
+                         r"(?:[^\s\d.,;:!?。！।a-zA-Z$\\]{1,3}\s*)?[.。!！।]?\s*$")  # "共有42个。", "7 है।", "4,75 €"
 
 
 def _from_prose(s):
@@ -873,6 +881,9 @@ def _from_prose(s):
             return first
         if tail and not _PROSE.search(tail) and re.search(r"\d", tail):
             return tail.strip("$ ")
+        unit = _NUMBER_UNIT.fullmatch(tail)  # "The total is 9 apples.", "... = 12 cm"
+        if unit:
+            return unit.group(1)
     math = _last_math(s)
     if math is not None:
         return math

@@ -30,6 +30,17 @@ duplicates), tuples and intervals ordered with their brackets, and so is a list 
 (`x = 10, y = 4` is the tuple (10, 4)); `x = 5` stands for 5, `5 = 2p + q` for no value, and
 equations match up to a constant factor; `3,5` is 3.5 against a number (`10,455` is 10455).
 
+Rules of the second round (each as a careful human grader would read it; no rule may turn a wrong
+answer right, so a number the text only contains, an intermediate step or a ruled-out option stays
+wrong): boxes joined by `\quad \text{and} \quad` (or `\,`, `\;`) are one answer, like boxes joined
+by commas or "and"; a response's closing sign-off ("I hope it is correct.", "Hope this helps!") is
+not its last sentence; after "is", a number with a unit of one or two words is the value ("The total
+is 9 apples." -> 9, but not "3 more than x"); a sentence that ends in a number with a counter or a
+unit of up to 3 characters glued on ("共有42个。", "7 है।", "4,75 €") states that number; options ruled
+out in so many words ("B, not A or C", "(A) and (C) are ruled out", "B，不是A", "B, no A") are not
+named, so one letter left is the answer; a gold `B Maria` (the option's letter and text) takes the
+letter; `|x - c| < r` (<=, >, >=) is the set it describes over the reals, (c - r, c + r) or two rays.
+
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
 "undecided", i.e. not equal); and the slow path runs under a deadline implemented with
@@ -462,24 +473,70 @@ def _equal(gold, pred, rtol):
     m = _CHOICE.fullmatch(g)
     if m:
         return _choice(m.group(1), p.strip("* "))
-    m = re.fullmatch(r"\(([A-J])\)\s*(?!.*\([A-J]\))([^\s,;].*)", g)  # a gold `(C) 12`: the letter, or 12
+    m = re.fullmatch(r"\(([A-J])\)\s*(?!.*\([A-J]\))([^\s,;].*)", g) or \
+        re.fullmatch(r"([A-J])[.:)]?\s+(?!(?:and|or)\b)([A-Za-z][a-z]+(?:\s+[A-Za-z][a-z]*)*)", g)
+    # a gold `(C) 12` or `B Maria` (the option's text after its letter): the letter, or that text
     if m and _CHOICE.fullmatch(p.strip("* ")):
         return _choice(m.group(1), p.strip("* "))
     g = m.group(2) if m else g
     for a, b in ((p, g), (g, p)):  # a decimal comma (`3,5`) against a number written with a point
         if _DECIMAL_COMMA.fullmatch(a) and "," not in b and (a is p or "." in b):
             g, p = (g, a.replace(",", ".")) if a is p else (a.replace(",", "."), p)
+    g, p = _abs_interval(g), _abs_interval(p)
     ctx = (rtol, g_pct, p_pct, g_deg, p_deg)
     mp_backend()  # built once per process, outside the deadline: importing mpmath takes ~0.1 s
     return _with_deadline(TIME_BUDGET, lambda: _struct_equal(_structure(g), _structure(p), ctx))
 
 
+_REL = r"(<=|>=|<|>|\\leq?(?:slant)?|\\geq?(?:slant)?|≤|≥)"
+_ABS_INEQUALITY = re.compile(rf"(?:(\d+(?:\.\d+)?)\s*{_REL}\s*)?\|\s*[a-z]\s*(?:([+-])\s*(\d+(?:\.\d+)?))?\s*\|"
+                             rf"\s*{_REL}\s*(\d+(?:\.\d+)?)")
+
+
+def _abs_interval(s):
+    """`|x - c| < r` (also <=, >, >=, \\le, \\ge) as the set it describes over the reals, in interval
+    notation: (c - r, c + r), or the union of two rays for > and >=; `a < |x - c| < b` as the two
+    intervals (c - b, c - a) and (c + a, c + b). A human grader reads `\\boxed{|x| \\le 3}` as [-3, 3];
+    s itself when it is not such an inequality."""
+    m = _ABS_INEQUALITY.fullmatch(s.strip()) if "|" in s else None
+    if not m:
+        return s
+    a, op1, sign, c, op, r = m.groups()
+    closed = lambda o: "=" in o or "q" in o or o in ("\\le", "\\ge", "≤", "≥")  # noqa: E731
+    less = lambda o: o.startswith(("<", "\\le", "≤"))  # noqa: E731
+    c = (-1 if sign == "+" else 1) * Fraction(c or 0)
+    num = lambda x: str(x) if x.denominator == 1 else f"{float(x)}"  # noqa: E731
+    lo, hi = num(c - Fraction(r)), num(c + Fraction(r))
+    if a is not None:  # a < |x - c| < b: both bounds must point the same way, lower then upper
+        if not (less(op1) and less(op)):
+            return s
+        a_lo, a_hi = num(c - Fraction(a)), num(c + Fraction(a))
+        out, inner = ("[", "]") if closed(op) else ("(", ")"), ("]", "[") if closed(op1) else (")", "(")
+        return f"{out[0]}{lo}, {a_lo}{inner[0]}\\cup{inner[1]}{a_hi}, {hi}{out[1]}"
+    if less(op):
+        return f"[{lo}, {hi}]" if closed(op) else f"({lo}, {hi})"
+    return f"(-\\infty, {lo}]\\cup[{hi}, \\infty)" if closed(op) else f"(-\\infty, {lo})\\cup({hi}, \\infty)"
+
+
 _DECIMAL_COMMA = re.compile(r"-?\d+,(?:\d{1,2}|\d{4,})|-?0,\d+")  # not `10,455`: that is ten thousand
+
+
+# options ruled out in the same sentence: "not A or C", "no A", "不是A", "(A) and (C) are ruled out"
+_OPTIONS = r"\(?[A-J]\)?(?:\s*(?:,|or|and|nor|ni|o|y|ou|et|或|和|、)\s*\(?[A-J]\)?)*"
+_RULED_OUT = re.compile(rf"(?:\b(?:not|no|nor|ni|pas|nicht|non)\s+|不是|并非|而非){_OPTIONS}(?![A-Za-z])"
+                        rf"|{_OPTIONS}\s+(?:is|are)\s+(?:ruled out|eliminated|excluded|incorrect|wrong)\b")
 
 
 def _choice(letter, p):
     """Multiple choice (the gold is a letter): the prediction leads with that letter and names no
-    other; or, in prose ("ruling out A and D, we are left with (C)"), its last `(X)` or letter is it."""
+    other; or, in prose ("ruling out A and D, we are left with (C)"), its last `(X)` or letter is it.
+    Options ruled out in so many words ("B, not A or C", "(A) and (C) are ruled out", "B，不是A") are
+    not named: when that leaves one letter, it is the answer."""
+    kept = _RULED_OUT.sub(" ", p) if re.search(r"not|no|ni|pas|nicht|不是|并非|而非|ruled|elimin|exclu|incorrect|wrong", p) else p
+    if kept != p:
+        left = set(re.findall(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", kept))
+        if len(left) == 1:
+            return left.pop() == letter
     mp = _CHOICE_PRED.match(p)
     letters = set(re.findall(r"(?<![A-Za-z\\])[A-J](?![A-Za-z])", p))
     if mp and len(letters) == 1:

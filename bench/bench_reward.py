@@ -10,6 +10,7 @@ Class tables: tests/grader_cases.py, the rows of each class of misjudgement of i
 agreement per class is printed (the speed sets measure speed; these measure judgement).
 
     python bench/bench_reward.py [--data ../shared/data] [--limit N] [--classes-only]
+    (the class tables, then the second round's batches of tests/grader_cases.py, each apart)
     python bench/bench_reward.py --grader-dir OLD_CHECKOUT   # the same figures for another reward.py
     python bench/bench_reward.py --grader math_verify         # needs math-verify installed
 
@@ -141,6 +142,40 @@ def class_tables(verify, show=True):
     print(f"  {'all':16s} {agree:3d}/{total:<3d} ({100 * agree / total:.1f}%)")
 
 
+def round2(verify, show=True):
+    """Agreement per class on the second round's batches (tests/grader_cases.py), each apart."""
+    import grader_cases
+    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2"):
+        if not hasattr(grader_cases, batch):
+            continue
+        total = agree = 0
+        print(f"{batch} (tests/grader_cases.py): agreement with the label")
+        for name, rows in getattr(grader_cases, batch).items():
+            wrong = [(g, p, want) for g, p, want in rows if bool(verify(g, p)) is not want]
+            total, agree = total + len(rows), agree + len(rows) - len(wrong)
+            fp = sum(not want for *_, want in wrong)
+            print(f"  {name:16s} {len(rows) - len(wrong):3d}/{len(rows):<3d} (false positives: {fp})")
+            for g, p, want in wrong if show else ():
+                print(f"      expected {want}: gold {g!r} vs {p[-120:]!r}")
+        print(f"  {'all':16s} {agree:3d}/{total:<3d} ({100 * agree / total:.1f}%)")
+
+
+def compare_verdicts(old_path, new_path):
+    """The pairs (in both files) whose verdict changed, by kind: a change that turns a wrong verdict
+    right (an old false negative or false positive fixed) or a right one wrong (a regression)."""
+    load = lambda path: {(r["gold"], r["pred"]): r for r in map(json.loads, open(path))}  # noqa: E731
+    old, new = load(old_path), load(new_path)
+    both = old.keys() & new.keys()
+    changed = [k for k in both if old[k]["verdict"] != new[k]["verdict"]]
+    fixed = [k for k in changed if new[k]["verdict"] == new[k]["label"]]
+    print(f"{len(both)} pairs in both; verdicts changed: {len(changed)} ({len(fixed)} now agree with the "
+          f"label, {len(changed) - len(fixed)} no longer do)")
+    for k in changed:
+        print(f"  {old[k]['verdict']} -> {new[k]['verdict']} (label {new[k]['label']}): gold {k[0]!r} vs "
+              f"{reward.extract_answer(k[1])!r}")
+    return changed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
@@ -148,12 +183,18 @@ def main():
     ap.add_argument("--grader-dir", help="import reward.py from this directory instead")
     ap.add_argument("--grader", default="rule", help="a name of reward.GRADERS (e.g. math_verify)")
     ap.add_argument("--classes-only", action="store_true", help="only the class tables")
+    ap.add_argument("--verdicts", help="write each realistic pair's verdict here (JSONL), to compare "
+                                       "two graders' verdicts pair by pair (--compare)")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two --verdicts files and stop")
     ap.add_argument("--no-hostile", action="store_true", help="skip the hostile set (math-verify: 5 s a call)")
     args = ap.parse_args()
+    if args.compare:
+        return compare_verdicts(*args.compare)
     print(f"reward.py: {os.path.abspath(reward.__file__)}   grader: {args.grader}")
     make = getattr(reward, "make_grader", None)
     verify = reward.verify if args.grader == "rule" and make is None else make(args.grader).verify
     class_tables(verify)
+    round2(verify)
     if args.classes_only:
         return
     print(f"load average: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
@@ -174,6 +215,10 @@ def main():
     for (g, p, want), r in zip(pairs, results):
         if r != want:
             print(f"    expected {want}: gold {g!r} vs {reward.extract_answer(p)!r}")
+    if args.verdicts:
+        with open(args.verdicts, "w") as f:
+            for (g, p, want), r in zip(pairs, results):
+                f.write(json.dumps({"gold": g, "pred": p, "label": want, "verdict": bool(r)}) + "\n")
     if args.grader != "rule":
         base = [reward.verify(g, p) for g, p, _ in pairs]
         diff = sum(a != bool(b) for a, b in zip(base, results))

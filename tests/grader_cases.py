@@ -371,3 +371,86 @@ ROUND2_BATCH1 = {
         (r"\begin{pmatrix} 0.5 & 0.25 \end{pmatrix}", r"\begin{pmatrix} \frac{1}{2} & \frac{1}{3} \end{pmatrix}", F),
     ],
 }
+
+# Written after round 2's fixes to BATCH1, and measured before the code was touched again.
+ROUND2_BATCH2 = {
+    "several": [
+        ("2, 7", r"x=\boxed{7} \text{ or } x=\boxed{2}", T),
+        ("(2, 3), (3, 2)", r"\boxed{(3,2)}\ \text{and}\ \boxed{(2,3)}", T),
+        ("-1, 4", r"The roots are \boxed{4} and \boxed{-1}.", T),
+        ("-1, 4", r"\boxed{-1 \text{ and } 4}", T),
+        ("-1, 4", r"\boxed{4}", F),
+        ("x = 2, y = -1", r"\boxed{(x, y) = (2, -1)}", T),
+        ("1, 2, 3", r"\boxed{3, 2, 1}", T),
+        ("1, 2, 3", r"\boxed{1, 2}", F),
+    ],
+    "prose": [
+        ("36", "Jadi jawabannya adalah 36.", T),
+        ("120", "Итак, всего 120 рублей.", T),
+        ("5", "따라서 답은 5개입니다.", T),
+        ("64", "Por lo tanto, el área es **64**.", T),
+        ("21", "Also beträgt die Summe 21 Euro.", T),
+        ("9", "所以一共需要 9 天。", T),
+        ("9", "所以一共需要 19 天。", F),
+        ("14", "Il reste donc 4 pommes.", F),
+    ],
+    "letters": [
+        ("D", "So the correct choice is (D), not (B).", T),
+        ("C", "Option C is correct; A and B are wrong.", T),
+        ("C", "A and B are wrong, so C.", T),
+        ("B", "Option C is correct; A and B are wrong.", F),
+        ("A", "La bonne réponse est A, pas B.", T),
+        ("D Paris", r"\boxed{D}", T),
+        ("D Paris", r"\boxed{C}", F),
+        ("B", "Die Antwort ist B, nicht D.", T),
+    ],
+    "number_forms": [
+        ("1500", "The total cost is $1,500.", T),
+        ("12.5", "Il paie 12,5 €.", T),
+        ("7500", "7,500kg", T),
+        ("35", "So 35% of the students passed.", T),
+        ("2.5", "2,5 Liter", T),
+        ("25", "2,5 Liter", F),
+        ("1500", "The total cost is $1,600.", F),
+        ("10.75", "€10,75", T),
+    ],
+    "debris": [
+        ("8", "Thus the answer is 8.\nI hope it is correct.<|im_end|>", T),
+        ("8", "The number of cats is 8.\n\nI hope this helps!", T),
+        ("15", "In total she has 15 marbles.<|im_start|>user\nWhat about 3?", T),
+        ("8", "The number of cats is 9.\n\nI hope this helps!", F),
+        ("6", "Final Answer: The final answer is $6$. I hope it is correct.", T),
+    ],
+    "escaped_latex": [
+        (r"\sqrt{2}", r"\\boxed{\\sqrt{2}}", T),
+        (r"\frac{5}{6}", r"\boxed{\tfrac56}", T),
+        (r"\frac{1}{4}", r"\boxed{\frac14}", T),
+        ("2000", r"\boxed{2\,000}", T),
+        (r"\frac{2}{3}", r"\\boxed{\\tfrac{2}{3}}", T),
+        (r"\frac{1}{4}", r"\boxed{\frac41}", F),
+    ],
+    "sets": [
+        ("(-1, 5)", r"\boxed{|x - 2| < 3}", T),
+        ("[-1, 5]", r"\boxed{|x - 2| < 3}", F),
+        (r"(-\infty, -4] \cup [4, \infty)", r"\boxed{|y| \geq 4}", T),
+        (r"(-\infty, -4) \cup (4, \infty)", r"\boxed{|y| \geq 4}", F),
+        ("[-2, 0]", r"\boxed{|x+1| \leq 1}", T),
+        (r"\begin{pmatrix} 0.2 & 0.4 \\ 0.6 & 0.8 \end{pmatrix}",
+         r"\begin{pmatrix} \frac15 & \frac25 \\ \frac35 & \frac45 \end{pmatrix}", T),
+        (r"\begin{pmatrix} 0.67 \end{pmatrix}", r"\begin{pmatrix} \frac{2}{3} \end{pmatrix}", T),
+    ],
+}
+
+# Rows of the two batches this grader still misjudges (not asserted; every other row is).
+ROUND2_MISSES = [
+    ("B", "It must be (B); (A) and (C) are ruled out."),   # the cleaned text joins "(B); (A)" into one list
+    ("1250", "She earned $1,250 in total."),              # a dollar sign read as the start of math
+    ("25", "The discount is 25% of the price."),          # a percent with three words after it
+    ("9", "We find 3 + 6 = 9 apples.\n<|im_start|>assistant"),  # "= 9 apples": no verb before the value
+    ("(2, 3), (3, 2)", r"\boxed{(3,2)}\ \text{and}\ \boxed{(2,3)}"),  # `\ ` between the boxes
+    ("120", "Итак, всего 120 рублей."),                   # no verb, and a unit word after the number
+    ("5", "따라서 답은 5개입니다."),                         # the counter and the polite ending glued on
+    ("21", "Also beträgt die Summe 21 Euro."),            # "beträgt" is not a verb the grader knows
+    ("35", "So 35% of the students passed."),             # the value mid-sentence
+    ("15", "In total she has 15 marbles.<|im_start|>user\nWhat about 3?"),  # "has": not a verb it knows
+]

