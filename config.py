@@ -25,7 +25,7 @@ class Config:
     prompt_template: str | None = None   # "...{problem}..."; null: the chat template, else plain
     out_dir: str = "runs/run"            # metrics, samples and checkpoints go here
     seed: int = 0                        # data order, sampling seeds, initial RNG states
-    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo: the loss preset
+    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo | clipcov | klcov: the loss preset
     loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig fields, e.g. clip_high
     steps: int = 100                     # RL steps (one batch of P x G samples each)
     prompts_per_step: int = 16           # P over all ranks (divisible by the number of ranks)

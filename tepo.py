@@ -24,6 +24,8 @@ Aggregation over the *global* mini-batch (all ranks and micro-batches; hence `nu
     dapo    r      0.2 / 0.28        token-mean               (rewards +1/-1, dynamic sampling, overlong shaping: train.py)
     gspo    s      3e-4 / 4e-4       seq-mean-token-mean
     tepo    s      3e-4 / 4e-4       token-mean               + token-level KL mask (below)
+    clipcov r      0.2 / 0.28        token-mean               Clip-Cov: a few tokens' gradient cut (below)
+    klcov   r      (no clip)         token-mean               KL-Cov: |log r| on the top-cov tokens (below)
 
 TEPO (Lin et al., arXiv 2510.09369 / ACL 2026): the group reward reaches every token through the
 same sequence-likelihood ratio s_i, and the loss is a token-mean, so every token of the batch
@@ -33,6 +35,21 @@ the policy is sharpening on rewarded tokens:
     loss  += beta_mask * sum M * k3(target_logp, logp) / sum m      (target = pi_old, or pi_ref)
 The parts the paper leaves open (clip range, beta_mask = 0.1, target pi_old) are our choices and
 live in LossConfig.
+
+The entropy-control baselines TEPO is set against (Cui et al. 2025, arXiv 2505.22617, as verl's
+`clip_cov` and `kl_cov` losses; ../shared/ENTROPY_BASELINES.md). Both read each token's centred
+covariance of log-prob and advantage over the tokens of the batch it is computed on:
+    cov[i,t] = (A_i - mean_m A) * (sg(logp[i,t]) - mean_m sg(logp))
+    n        = max(1, floor(cov_ratio * sum m))                            (cov_ratio 2e-4)
+    Clip-Cov: the clipped surrogate l above; of the tokens the clip left alone with
+              cov_lb < cov < cov_ub (1 and 5), n chosen uniformly at random get l * 0
+    KL-Cov:   l = -A_i r (no clip); the n tokens of largest cov get + kl_cov_coef * |logp - old_logp|
+The batch of the selection (`cov_batch`) is ours: "minibatch" (default) selects over the whole
+mini-batch on all ranks, so the choice does not depend on how the batch is cut (train.py computes
+it before the mini-batch's update, from an extra forward pass without grad); "microbatch" selects
+within each micro-batch, as verl does. The trained tokens (A != 0) are the batch (ours: the update
+never sees the others). Any method may add an entropy bonus, aggregated like the policy loss:
+    loss -= entropy_coef * agg(H)                                          (entropy_coef 0: off)
 
 Off by default, for every method: a correction of the sampler/trainer mismatch (the sampler's
 kernels and dtype score tokens a little differently from the trainer): each token's surrogate
@@ -44,9 +61,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo")
+METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo", "clipcov", "klcov")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
+COV_KINDS = ("none", "clip", "kl")
 MAX_LOG_RATIO = 20.0  # |log pi/pi_old| (token, or the sequence's mean) is clamped here before exp
 
 
@@ -90,7 +108,8 @@ class _ChunkedLogProb(torch.autograd.Function):
     pass, several times the size of bf16 logits. Here the forward keeps only the log-sum-exp per
     row (B, T); the backward recomputes each chunk's softmax and writes the gradient
     d logp / d logits = (onehot(target) - softmax) / temperature straight into a logits-sized
-    buffer. Entropy comes from the same forward chunks, without grad.
+    buffer. Entropy comes from the same forward chunks; its gradient (an entropy bonus) is
+    recomputed the same way, dH/dz = -p (log p + H), and costs nothing when no loss reads H.
     """
 
     @staticmethod
@@ -114,27 +133,34 @@ class _ChunkedLogProb(torch.autograd.Function):
             if with_entropy:                                   # H = -sum p log p
                 p = torch.exp(z, out=p_buf[: t1 - t0])
                 entropy[b, t0:t1] = -(p.mul_(z)).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
+        ctx.save_for_backward(logits, targets, lse, entropy)
         ctx.temperature, ctx.max_elems = temperature, max_elems
-        if with_entropy:
-            ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # no entropy term in the loss: its gradient stays None
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        logits, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_logp, grad_entropy):
+        logits, targets, lse, entropy = ctx.saved_tensors
         B, T, V = logits.shape
         grad = torch.empty(B, T, V, dtype=logits.dtype, device=logits.device)
-        g_all = grad_logp.float() / ctx.temperature
+        g_all = (torch.zeros(B, T, dtype=torch.float32, device=logits.device) if grad_logp is None
+                 else grad_logp.float() / ctx.temperature)
+        g_ent = None if grad_entropy is None else grad_entropy.float() / ctx.temperature
         rows = max(1, ctx.max_elems // V)
         p_buf = torch.empty(rows, V, dtype=torch.float32, device=logits.device)
+        z_buf = torch.empty_like(p_buf) if g_ent is not None else None
         for b, t0, t1 in _row_chunks(B, T, V, ctx.max_elems):
             p = p_buf[: t1 - t0].copy_(logits[b, t0:t1])
             if ctx.temperature != 1.0:
                 p.div_(ctx.temperature)
-            p.sub_(lse[b, t0:t1, None]).exp_()                 # softmax of the chunk
+            p.sub_(lse[b, t0:t1, None])                        # log-probabilities
             g = g_all[b, t0:t1, None]
-            p.mul_(-g).scatter_add_(1, targets[b, t0:t1, None], g)
+            if g_ent is None:
+                p.exp_().mul_(-g)                              # -g * softmax
+            else:  # d(g_H H)/dz = -g_H p (log p + H); together: -p (g + g_H (log p + H))
+                z = z_buf[: t1 - t0].copy_(p).add_(entropy[b, t0:t1, None]).mul_(g_ent[b, t0:t1, None])
+                p.exp_().mul_(z.add_(g).neg_())
+            p.scatter_add_(1, targets[b, t0:t1, None], g)
             grad[b, t0:t1] = p
         return grad, None, None, None, None
 
@@ -144,8 +170,8 @@ def token_logprobs_entropy(logits, targets, temperature=1.0, with_entropy=True,
     """(B, T, V) logits, (B, T) targets -> logp (B, T) fp32 with grad, entropy (B, T) fp32 or None.
 
     logp[b, t] = log softmax(logits[b, t] / temperature)[targets[b, t]] and entropy[b, t] the
-    entropy of that distribution (no grad). Computed in chunks of at most `max_chunk_elems`
-    logits in fp32, whatever the logits' dtype, so memory beyond the logits and their gradient
+    entropy of that distribution (with grad too: an entropy bonus). Computed in chunks of at most
+    `max_chunk_elems` logits in fp32, whatever the logits' dtype, so memory beyond the logits and their gradient
     stays one chunk: a full-vocabulary fp32 log-softmax is never materialised. `logits` may be a
     non-contiguous view (e.g. `logits[:, :-1]`); it is not copied.
     """
@@ -216,6 +242,14 @@ class LossConfig:
     is_correction: str = "none"          # none | tis (truncated IS) | mask (masked IS)
     is_level: str = "token"              # token: pi_old/pi_rollout per token; sequence: the product
     is_cap: float = 2.0                  # C: tis caps the weight at C; mask drops it outside [1/C, C]
+    entropy_coef: float = 0.0            # entropy bonus: loss -= entropy_coef * agg(H) (any method)
+    # The covariance-selected tokens of Clip-Cov / KL-Cov (cov_select): defaults as verl's.
+    cov: str = "none"                    # none | clip (Clip-Cov) | kl (KL-Cov); set by the presets
+    cov_ratio: float = 2e-4              # the share n / sum m of tokens selected (at least one)
+    cov_lb: float = 1.0                  # Clip-Cov: the band of cov its candidates lie in
+    cov_ub: float = 5.0
+    kl_cov_coef: float = 1.0             # KL-Cov: the weight of |logp - old_logp| on its tokens
+    cov_batch: str = "minibatch"         # minibatch (over all ranks; ours) | microbatch (verl's)
 
     # Not a field (no annotation): the spec's table of method defaults.
     PRESETS = {
@@ -228,6 +262,10 @@ class LossConfig:
                      aggregation="seq-mean-token-mean"),
         "tepo": dict(ratio="sequence", clip_low=3e-4, clip_high=4e-4, aggregation="token-mean",
                      kl_mask=True),
+        "clipcov": dict(ratio="token", clip_low=0.2, clip_high=0.28, aggregation="token-mean",
+                        cov="clip"),
+        "klcov": dict(ratio="token", clip_low=0.2, clip_high=0.28, aggregation="token-mean",
+                      cov="kl"),  # the clip range is not used by KL-Cov's loss
     }
 
     @classmethod
@@ -240,7 +278,8 @@ class LossConfig:
     def __post_init__(self):
         choices = {"method": METHODS, "ratio": ("token", "sequence"), "aggregation": AGGREGATIONS,
                    "kl_kind": KL_KINDS, "kl_mask_target": ("old", "ref"),
-                   "is_correction": ("none", "tis", "mask"), "is_level": ("token", "sequence")}
+                   "is_correction": ("none", "tis", "mask"), "is_level": ("token", "sequence"),
+                   "cov": COV_KINDS, "cov_batch": ("minibatch", "microbatch")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
@@ -251,6 +290,11 @@ class LossConfig:
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 <= 1 + clip_high, got "
                              f"{self.clip_low}, {self.clip_high}")
+        if self.cov != "none" and not 0 < self.cov_ratio <= 1:
+            raise ValueError(f"cov_ratio must lie in (0, 1], got {self.cov_ratio}")
+        if self.cov != "none" and self.ratio != "token":
+            raise ValueError(f"cov {self.cov!r} (Clip-Cov / KL-Cov) is defined on the token ratio; "
+                             f"got ratio {self.ratio!r}")
 
     @property
     def needs_ref(self):
@@ -277,6 +321,59 @@ def aggregate(x, mask, aggregation, *, num_tokens, num_seqs, max_new_tokens=0):
     raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
 
 
+def cov_scores(logp, old_logp, advantages, mask, cfg, keys, *, mean_logp, mean_adv):
+    """Clip-Cov / KL-Cov: how each token ranks for the selection, and which may be chosen.
+
+    logp, old_logp, mask, keys (B, T); advantages (B,); mean_logp, mean_adv the means over the
+    masked-in tokens of the selection's batch (a micro-batch, or the mini-batch over all ranks),
+    so the same tokens rank alike however the batch is cut. `keys` are uniform random numbers,
+    one per token (float64: no two alike).
+    -> score (B, T) float64 (KL-Cov: cov; Clip-Cov: the random key, so that taking the largest
+    is a uniform draw), eligible (B, T) bool (KL-Cov: any response token; Clip-Cov: those with
+    cov_lb < cov < cov_ub that the ordinary clip left alone), cov (B, T) float64.
+    """
+    m = mask > 0
+    A = advantages.detach().double()[:, None]
+    cov = (A - mean_adv) * (logp.detach().double() - mean_logp)
+    if cfg.cov == "kl":
+        return cov, m, cov
+    r = torch.exp((logp.detach() - old_logp).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)).double()
+    clipped = ((r > 1 + cfg.clip_high) & (A > 0)) | ((r < 1 - cfg.clip_low) & (A < 0))
+    return keys, m & ~clipped & (cov > cfg.cov_lb) & (cov < cfg.cov_ub), cov
+
+
+def cov_count(num_tokens, cfg):
+    """How many tokens Clip-Cov / KL-Cov select among `num_tokens`: max(1, floor(ratio * n))."""
+    return max(1, int(cfg.cov_ratio * num_tokens))
+
+
+def top_pairs(score, keys, eligible, n):
+    """The n largest (score, key) pairs of the eligible tokens, in decreasing order (score first,
+    the key breaking ties: equal scores are common, e.g. a response sampled twice). -> (k, 2)
+    float64, k = min(n, eligible tokens)."""
+    pairs = torch.stack([score[eligible], keys[eligible]], 1).double()
+    pairs = pairs[torch.argsort(pairs[:, 1], descending=True, stable=True)]
+    pairs = pairs[torch.argsort(pairs[:, 0], descending=True, stable=True)]
+    return pairs[:n]
+
+
+def at_or_above(score, keys, eligible, pair):
+    """(B, T) bool: the eligible tokens whose (score, key) is at least `pair` (a (2,) threshold)."""
+    s, k = pair[0].item(), pair[1].item()
+    return eligible & ((score > s) | ((score == s) & (keys >= k)))
+
+
+def cov_select(logp, old_logp, advantages, mask, cfg, keys):
+    """(B, T) bool: the tokens Clip-Cov / KL-Cov select within this batch alone (means, count and
+    ranking over its own tokens: `cov_batch: microbatch`, verl's). See cov_scores."""
+    m = mask > 0
+    score, eligible, _ = cov_scores(logp, old_logp, advantages, mask, cfg, keys,
+                                    mean_logp=logp.detach().double()[m].mean(),
+                                    mean_adv=advantages.double()[:, None].expand_as(mask)[m].mean())
+    top = top_pairs(score, keys, eligible, cov_count(int(m.sum()), cfg))
+    return at_or_above(score, keys, eligible, top[-1]) if len(top) else eligible
+
+
 def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, optional):
     if logp.dim() != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
@@ -290,20 +387,23 @@ def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, o
         raise ValueError("mask has a sequence with no response tokens (|y_i| = 0)")
     if not (num_tokens > 0 and num_seqs > 0):
         raise ValueError(f"num_tokens and num_seqs must be > 0, got {num_tokens}, {num_seqs}")
-    need = {"entropy": cfg.kl_mask, "old_entropy": cfg.kl_mask, "ref_logp": cfg.needs_ref,
-            "rollout_logp": cfg.is_correction != "none"}
+    need = {"entropy": cfg.kl_mask or cfg.entropy_coef != 0, "old_entropy": cfg.kl_mask,
+            "ref_logp": cfg.needs_ref, "rollout_logp": cfg.is_correction != "none",
+            "cov_sel": cfg.cov != "none"}
     for name, needed in need.items():
         if needed and optional[name] is None:
             raise ValueError(f"{cfg.method}: this LossConfig needs `{name}`")
 
 
 def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, entropy=None,
-                old_entropy=None, ref_logp=None, rollout_logp=None, metric_tokens=None):
+                old_entropy=None, ref_logp=None, rollout_logp=None, cov_sel=None, metric_tokens=None):
     """The loss of one micro-batch and its diagnostics.
 
-    logp (B, T) with grad; old_logp, mask, entropy, old_entropy, ref_logp, rollout_logp (B, T);
-    advantages (B,). `num_tokens` / `num_seqs` are the global counts of the whole mini-batch
-    (all ranks and micro-batches), so the returned losses add up exactly across micro-batches.
+    logp (B, T) with grad; old_logp, mask, entropy (with grad for an entropy bonus), old_entropy,
+    ref_logp, rollout_logp (B, T); advantages (B,); cov_sel (B, T) bool, the tokens Clip-Cov or
+    KL-Cov selected (cov_select, or train.py's selection over the mini-batch). `num_tokens` /
+    `num_seqs` are the global counts of the whole mini-batch (all ranks and micro-batches), so
+    the returned losses add up exactly across micro-batches.
 
     Returns (loss, metrics). Every metric is likewise a token mean normalised by a global count,
     `metric_tokens` (default `num_tokens`; e.g. the trained tokens when the caller leaves out
@@ -312,7 +412,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
     `finish_metrics` for the covariance.
     """
     optional = dict(entropy=entropy, old_entropy=old_entropy, ref_logp=ref_logp,
-                    rollout_logp=rollout_logp)
+                    rollout_logp=rollout_logp, cov_sel=cov_sel)
     _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, optional)
     mask = mask.to(logp.dtype)
     A = advantages.to(logp.dtype)[:, None]                     # (B, 1), broadcast over tokens
@@ -329,14 +429,22 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         clamped = (log_s.detach().abs() > MAX_LOG_RATIO).expand_as(log_r)
         ratio = torch.exp(log_s.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) + logp - logp.detach())
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    per_token = -torch.min(ratio * A, clipped * A)
+    if cfg.cov == "kl":  # KL-Cov: no clip; |log r| holds its selected tokens near pi_old
+        per_token = -ratio * A + cfg.kl_cov_coef * log_r.abs() * cov_sel.to(log_r.dtype)
+    else:
+        per_token = -torch.min(ratio * A, clipped * A)
+        if cfg.cov == "clip":  # Clip-Cov: the selected tokens' loss, and so gradient, is 0
+            per_token = torch.where(cov_sel.bool(), 0.0, per_token)
     if cfg.is_correction != "none":  # rollout/trainer mismatch correction, a constant weight
         is_w = is_weights(old_logp, rollout_logp, mask, cfg.is_correction, cfg.is_level, cfg.is_cap)
         per_token = per_token * is_w
     pg_loss = aggregate(per_token, mask, cfg.aggregation, **agg)
     loss = pg_loss
 
-    kl_ref_loss = kl_mask_loss = torch.zeros((), device=logp.device)
+    kl_ref_loss = kl_mask_loss = entropy_loss = torch.zeros((), device=logp.device)
+    if cfg.entropy_coef != 0:  # the entropy bonus, aggregated as the policy term
+        entropy_loss = -cfg.entropy_coef * aggregate(entropy, mask, cfg.aggregation, **agg)
+        loss = loss + entropy_loss
     if cfg.kl_coef > 0:
         kl_ref_loss = cfg.kl_coef * aggregate(kl_estimate(logp, ref_logp, cfg.kl_kind), mask,
                                               cfg.aggregation, **agg)
@@ -356,12 +464,13 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         token_sum = lambda x: (x.double() * mask.double()).sum() / n  # noqa: E731
         r = ratio.detach()
         big = torch.finfo(r.dtype).max
+        clips = cfg.cov != "kl"
         metrics = {
             "loss/policy": pg_loss.detach(), "loss/kl_ref": kl_ref_loss.detach(),
             "loss/kl_mask": kl_mask_loss.detach(),
             # The pessimistic side of the clip: these tokens get no gradient.
-            "clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0)).float()),
-            "clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0)).float()),
+            "clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0) & clips).float()),
+            "clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0) & clips).float()),
             "ratio_mean": token_sum(r),
             "actor/ratio_clamped_frac": token_sum(clamped.double()),
             "ratio_min": torch.where(mask > 0, r, big).min(),
@@ -373,10 +482,14 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         }
         if cfg.kl_mask:
             metrics["kl_mask_frac"] = token_sum(kl_m)
+        if cfg.entropy_coef != 0:
+            metrics["loss/entropy_bonus"] = entropy_loss.detach()
+        if cfg.cov != "none":
+            metrics["actor/cov_selected_frac"] = token_sum(cov_sel.bool().double())
         if ref_logp is not None:
             metrics["kl_ref"] = token_sum(kl_estimate(logp.detach(), ref_logp, cfg.kl_kind))
         if entropy is not None:
-            metrics["entropy"] = token_sum(entropy)
+            metrics["entropy"] = token_sum(entropy.detach())
         if rollout_logp is not None:
             metrics["mismatch"] = token_sum((rollout_logp - old_logp).abs())
             if cfg.is_correction != "none":

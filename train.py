@@ -11,7 +11,8 @@ its own share of the prompts. One RL step is five calls in `main`:
   3. old_logprobs      log-probs and entropy of the policy that sampled (no grad); reference's
   4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that
                        pack each prompt once and its responses into a token budget, the loss
-                       normalised by counts summed over all ranks
+                       normalised by counts summed over all ranks (Clip-Cov / KL-Cov: their
+                       tokens chosen first, over the whole mini-batch: select_cov)
   5. sync_and_log      full weights from FSDP2 into the engine; metrics.jsonl; samples; checkpoint
 Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
 TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
@@ -66,6 +67,7 @@ class Sequence:
     old_logp: torch.Tensor | None = None     # (R,) pi_old's, no grad
     old_entropy: torch.Tensor | None = None  # (R,) H_old
     ref_logp: torch.Tensor | None = None     # (R,) pi_ref's, when a KL term needs them
+    cov_sel: torch.Tensor | None = None      # (R,) bool: Clip-Cov / KL-Cov's tokens (select_cov)
 
 
 @dataclass
@@ -322,21 +324,29 @@ def update_policy(run, minibatches, step):
     sums, stats, updated = {}, [], False
     n_trained = int(sum(n["trained_tokens"] for n in counts))  # over all mini-batches and ranks
     top = torch.zeros(0, device=run.device)  # this rank's largest |log r| so far: the 99.9% tail
+    cov = cfg.loss_cfg.cov != "none"  # Clip-Cov / KL-Cov: a selection of tokens per mini-batch
     for k, (mb_seqs, n) in enumerate(zip(minibatches, counts)):
         if n["trained_tokens"] == 0:
             continue  # no sequence of this mini-batch carries a gradient: no optimizer step
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         trained = [s for s in mb_seqs if s.train]
+        keys = torch.Generator().manual_seed(sample_seed(cfg.seed, step, k, run.rank))
+        if cov and cfg.loss_cfg.cov_batch == "minibatch":
+            select_cov(run, trained, n["trained_tokens"], keys)
         for mb, batch, logp, ent in lockstep_forwards(model, trained, cfg, run.device, True, grad=True):
             if k == 0:
                 keep_as_old(mb, batch, logp, ent)
+            if cov and cfg.loss_cfg.cov_batch == "microbatch":  # verl's: within the micro-batch
+                batch["cov_sel"] = tepo.cov_select(logp, batch["old_logp"], batch["adv"], batch["mask"],
+                                                   cfg.loss_cfg, cov_keys(batch["mask"].shape, keys))
             loss, m = tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"],
                                        cfg.loss_cfg, num_tokens=n["tokens"], num_seqs=n["seqs"],
                                        metric_tokens=n["trained_tokens"], entropy=ent,
                                        old_entropy=batch["old_entropy"],
                                        ref_logp=batch.get("ref_logp"),
-                                       rollout_logp=batch["rollout_logp"])
+                                       rollout_logp=batch["rollout_logp"],
+                                       cov_sel=batch.get("cov_sel"))
             loss.backward()
             loss_sum += loss.item()
             add_metrics(sums, m)
@@ -450,15 +460,64 @@ def dummy_forward(model, backward, layout, rows):
         logp.sum().mul(0.0).backward()
 
 
+@torch.no_grad()
+def select_cov(run, seqs, num_tokens, keys):
+    """Clip-Cov / KL-Cov's tokens of one mini-batch (s.cov_sel), chosen over all its trained
+    tokens on all ranks (`cov_batch: minibatch`), so the choice does not depend on how the batch
+    is cut: the policy's current log-probs from a forward without grad (the cost of these methods:
+    one more forward pass per step), then choose_cov. `num_tokens`: the mini-batch's trained
+    tokens over all ranks; `keys`: this rank's generator of the random keys. A collective."""
+    current = {}
+    for mb, _, logp, _ in lockstep_forwards(run.model, seqs, run.cfg, run.device, False):
+        for b, s in enumerate(mb):
+            current[id(s)] = logp[b, :len(s.resp)].cpu()
+    # The first mini-batch has no old log-probs yet (keep_as_old): there theta = theta_old, r = 1.
+    items = [(current[id(s)], current[id(s)] if s.old_logp is None else s.old_logp.cpu(), s.adv)
+             for s in seqs]
+    for s, sel in zip(seqs, choose_cov(items, run.cfg.loss_cfg, num_tokens, keys)):
+        s.cov_sel = sel
+
+
+def choose_cov(items, lcfg, num_tokens, keys):
+    """The global selection of tepo.cov_scores' rule: items [(logp (R,), old_logp (R,), A)] of
+    this rank -> [(R,) bool]. The means over all ranks' tokens (summed in float64), each rank's
+    n largest (score, key) pairs gathered, the n-th largest of them all the threshold: exactly the
+    n tokens one process would pick from the whole mini-batch. A collective."""
+    lens = [len(lp) for lp, _, _ in items]
+    logp = torch.cat([lp for lp, _, _ in items] or [torch.zeros(0)]).double()[:, None]  # (N, 1)
+    old = torch.cat([o for _, o, _ in items] or [torch.zeros(0)]).double()[:, None]
+    adv = torch.tensor([a for (lp, _, a) in items for _ in range(len(lp))], dtype=torch.float64)
+    total = all_ranks({"logp": logp.sum(), "adv": adv.sum(), "n": len(adv)})
+    n = tepo.cov_count(num_tokens, lcfg)
+    key = cov_keys(logp.shape, keys)
+    score, eligible, _ = tepo.cov_scores(logp, old, adv, torch.ones_like(logp), lcfg, key,
+                                         mean_logp=total["logp"] / max(total["n"], 1),
+                                         mean_adv=total["adv"] / max(total["n"], 1))
+    tops = [None] * dist.get_world_size()
+    dist.all_gather_object(tops, tepo.top_pairs(score, key, eligible, n).tolist())
+    pairs = sorted((tuple(p) for top in tops for p in top), reverse=True)  # (score, key), largest first
+    if len(pairs) < n:  # fewer candidates than n over all ranks: all of them
+        return list(eligible[:, 0].split(lens))
+    sel = tepo.at_or_above(score, key, eligible, torch.tensor(pairs[n - 1], dtype=torch.float64))
+    return list(sel[:, 0].split(lens))
+
+
+def cov_keys(shape, generator):
+    """Uniform random keys (float64, so no two alike) that rank Clip-Cov's candidates and break
+    KL-Cov's ties."""
+    return torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
 def keep_as_old(mb, batch, logp, entropy):
     """Take the first mini-batch's own forward as its old pass.
 
     Before the step's first optimizer step theta = theta_old, so the log-probs this forward
     computes (detached) are exactly pi_old's: old_logprobs leaves these sequences out, one forward
     pass saved. logp, entropy: (b, R)."""
-    batch["old_logp"], batch["old_entropy"] = logp.detach(), entropy
+    logp, entropy = logp.detach(), entropy.detach()  # (entropy carries a grad for a bonus)
+    batch["old_logp"], batch["old_entropy"] = logp, entropy
     for b, s in enumerate(mb):
-        s.old_logp, s.old_entropy = logp[b, :len(s.resp)].detach(), entropy[b, :len(s.resp)]
+        s.old_logp, s.old_entropy = logp[b, :len(s.resp)], entropy[b, :len(s.resp)]
 
 
 # metrics.jsonl's names are grouped, as verl's and TRL's users read them: reward/, response/,
@@ -625,9 +684,9 @@ def collate(mb, device, layout="packed", rows=False):
     else:
         out["prompt"] = torch.tensor([mb[0].prompt])
         out["rows"] = rows
-    for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp"):
+    for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp", "cov_sel"):
         if all(getattr(s, key) is not None for s in mb):
-            out[key] = torch.zeros(len(mb), R)
+            out[key] = torch.zeros(len(mb), R, dtype=torch.bool if key == "cov_sel" else torch.float32)
             for b, s in enumerate(mb):
                 out[key][b, :len(s.resp)] = getattr(s, key)
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}

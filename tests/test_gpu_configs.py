@@ -6,9 +6,12 @@ template, activation checkpointing, bf16 sampling, the method's preset, the eval
 
 One config per loss family runs 2 RL steps on 2 ranks with vLLM, saves, resumes for a third step,
 and eval.py judges the result: grpo (token ratio, the reference model and its KL term) and dapo
-(token ratio, dynamic sampling, overlong shaping, the +1/-1 rewards); tepo (sequence ratio, the KL
-mask) is trained and evaluated by tests/test_paper_path.py, on the data data.py fetches. The others (drgrpo, gspo) differ from these only inside tepo.policy_loss (aggregation,
-advantages), which tests/test_tepo.py checks token by token: for them, and for every config, the
+(token ratio, dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the covariance
+selection over the mini-batch on both ranks, from its extra forward pass); tepo (sequence ratio,
+the KL mask) is trained and evaluated by tests/test_paper_path.py, on the data data.py fetches.
+The others (drgrpo, gspo; clipcov, whose selection differs from klcov's only inside tepo.py)
+differ from these only inside tepo.policy_loss (aggregation, advantages, the selection's rule),
+which tests/test_tepo.py and tests/test_cov_losses.py check token by token: for them, and for every config, the
 file is loaded as train.py loads it and checked to resolve to its method's preset with the shared
 GPU settings. Skips, with the reason, when ../shared is absent.
 """
@@ -22,7 +25,7 @@ import pytest
 
 from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, make_qwen_math_model, need_shared
 
-RUN = ("grpo", "dapo")  # tepo: tests/test_paper_path.py (see the docstring)
+RUN = ("grpo", "dapo", "klcov")  # tepo: tests/test_paper_path.py (see the docstring)
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "math1.5b-*.yaml")))
 # The sizes: 2 prompts x 8 samples per step (one prompt per rank), responses of at most 24
 # tokens, 6 held-out problems. max_prompt_len stays (1024): MATH prompts fit it.

@@ -75,13 +75,17 @@ def test_logprobs_match_naive_fp32(chunk):
     targets = torch.randint(0, 50, (3, 11))
     logp, ent = token_logprobs_entropy(logits, targets, temperature=0.7, max_chunk_elems=chunk)
     ref_logp, ref_ent = naive_logp_entropy(logits, targets, 0.7)
-    assert logp.dtype == torch.float32 and not ent.requires_grad
+    assert logp.dtype == torch.float32 and ent.requires_grad  # an entropy bonus needs its grad
     assert torch.allclose(logp, ref_logp, atol=1e-5)
     assert torch.allclose(ent, ref_ent, atol=1e-5)
-    w = torch.randn(3, 11, dtype=torch.float32)
-    (g,) = torch.autograd.grad((logp * w).sum(), logits)
-    (g_ref,) = torch.autograd.grad((ref_logp * w).sum(), logits)
-    assert torch.allclose(g, g_ref, atol=1e-6)
+    w, v = torch.randn(3, 11, dtype=torch.float32), torch.randn(3, 11, dtype=torch.float32)
+    # logp alone (the entropy's gradient is skipped), the entropy alone, and both together
+    for f in (lambda lp, h: (lp * w).sum(), lambda lp, h: (h * v).sum(),
+              lambda lp, h: (lp * w).sum() + (h * v).sum()):
+        logp, ent = token_logprobs_entropy(logits, targets, temperature=0.7, max_chunk_elems=chunk)
+        (g,) = torch.autograd.grad(f(logp, ent), logits)
+        (g_ref,) = torch.autograd.grad(f(*naive_logp_entropy(logits, targets, 0.7)), logits)
+        assert torch.allclose(g, g_ref, atol=1e-5), (g - g_ref).abs().max()
 
 
 def test_logprobs_from_bf16_and_noncontiguous_view():
@@ -122,7 +126,7 @@ def test_kl_estimators():
 # ----------------------------------------------------------------------------- losses
 
 def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=None, ref=None,
-                   rollout=None):
+                   rollout=None, sel=None):
     """The spec, token by token, in plain Python floats."""
     B, T = len(logp), len(logp[0])
     lens = [sum(mask[i]) for i in range(B)]
@@ -158,6 +162,10 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
             rho = math.exp(clamp(logp[i][t] - old[i][t])) if cfg.ratio == "token" else s[i]
             clipped = min(max(rho, 1 - cfg.clip_low), 1 + cfg.clip_high)
             pg[i][t] = -min(rho * adv[i], clipped * adv[i])
+            if cfg.cov == "clip" and sel[i][t]:            # Clip-Cov: no gradient, no loss
+                pg[i][t] = 0.0
+            if cfg.cov == "kl":                            # KL-Cov: no clip, |log r| if selected
+                pg[i][t] = -rho * adv[i] + cfg.kl_cov_coef * abs(logp[i][t] - old[i][t]) * sel[i][t]
             if cfg.is_correction != "none":
                 pg[i][t] *= is_weight(i, t)
     loss = agg(pg, mask)
@@ -170,6 +178,8 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
              for i in range(B)]
         loss += cfg.kl_mask_coef * sum(M[i][t] * k3(logp[i][t], target[i][t])  # over sum m, for
                                        for i in range(B) for t in range(T)) / ntok  # any aggregation
+    if cfg.entropy_coef:
+        loss -= cfg.entropy_coef * agg(entropy, mask)
     return loss
 
 
@@ -187,8 +197,9 @@ def make_batch(B=12, T=7, seed=0, spread=0.3):
     old_entropy = entropy + 0.5 * torch.randn(B, T, generator=g)
     ref = old + 0.2 * torch.randn(B, T, generator=g)
     rollout = old + 0.1 * torch.randn(B, T, generator=g)
+    sel = (torch.rand(B, T, generator=g) < 0.25) & (mask > 0)  # Clip-Cov / KL-Cov's tokens, given
     return dict(logp=logp, old=old, adv=adv, mask=mask, entropy=entropy, old_entropy=old_entropy,
-                ref=ref, rollout=rollout)
+                ref=ref, rollout=rollout, sel=sel)
 
 
 def run_loss(d, cfg, logp=None, **kw):
@@ -196,10 +207,14 @@ def run_loss(d, cfg, logp=None, **kw):
     N, ntok = d["mask"].shape[0], d["mask"].sum()
     return policy_loss(logp, d["old"], d["adv"], d["mask"], cfg, num_tokens=ntok, num_seqs=N,
                        entropy=d["entropy"], old_entropy=d["old_entropy"], ref_logp=d["ref"],
-                       rollout_logp=d["rollout"], **kw)
+                       rollout_logp=d["rollout"], cov_sel=d["sel"], **kw)
 
 
 CONFIGS = [LossConfig.preset(m, max_new_tokens=9) for m in METHODS] + [
+    LossConfig.preset("grpo", entropy_coef=0.01),
+    LossConfig.preset("drgrpo", entropy_coef=0.003, max_new_tokens=9),
+    LossConfig.preset("tepo", entropy_coef=0.02),
+    LossConfig.preset("klcov", kl_cov_coef=0.3, aggregation="seq-mean-token-mean"),
     LossConfig.preset("tepo", kl_mask_target="ref", is_correction="tis", is_cap=1.05),
     LossConfig.preset("grpo", aggregation="token-mean", kl_kind="k3", is_correction="tis"),
     LossConfig.preset("gspo", is_correction="tis", is_level="sequence", is_cap=1.2),
@@ -216,7 +231,7 @@ def test_loss_matches_per_token_reference(cfg, spread):
     loss, _ = run_loss(d, cfg)
     L = lambda k: d[k].tolist()  # noqa: E731
     expected = reference_loss(L("logp"), L("old"), L("adv"), L("mask"), cfg, 12, 9, L("entropy"),
-                              L("old_entropy"), L("ref"), L("rollout"))
+                              L("old_entropy"), L("ref"), L("rollout"), L("sel"))
     assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
@@ -241,6 +256,8 @@ def test_gradient_at_theta_old(method):
     N, ntok, lens = mask.shape[0], mask.sum(), mask.sum(1, keepdim=True)
     norm = {"token-mean": ntok, "seq-mean-token-mean": N * lens,
             "seq-mean-token-sum-norm": N * 9}[cfg.aggregation]
+    if cfg.cov == "clip":        # Clip-Cov's selected tokens get none (KL-Cov's |log r|: 0 at r = 1)
+        mask = mask * ~d["sel"]
     assert torch.allclose(logp.grad, -A * mask / norm, atol=1e-12)
     assert m["loss/kl_mask"] == 0 and m["clip_frac_low"] == 0 and m["clip_frac_high"] == 0
 

@@ -167,7 +167,9 @@ def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, me
             s.ref_logp = logp[0] + 0.2 * torch.randn(len(s.resp), generator=g)
             s.old_entropy = ent[0] + 0.1 * torch.randn(len(s.resp), generator=g)
             s.rollout_logp = s.old_logp + 0.01 * torch.randn(len(s.resp), generator=g)
-    cfg = tepo.LossConfig.preset(method, max_new_tokens=30, is_correction="tis")
+            s.cov_sel = torch.rand(len(s.resp), generator=g) < 0.2   # Clip-Cov / KL-Cov's tokens
+    # with an entropy bonus: its gradient flows back through either layout's logits too
+    cfg = tepo.LossConfig.preset(method, max_new_tokens=30, is_correction="tis", entropy_coef=0.01)
     counts = dict(num_tokens=sum(len(s.resp) for s in seqs), num_seqs=len(seqs))
     results = {}
     for layout in ("grouped", "packed"):
@@ -180,7 +182,8 @@ def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, me
             logp, ent = tepo.response_logprobs(model, b, 1.0, True)
             loss, _ = tepo.policy_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg, entropy=ent,
                                        old_entropy=b["old_entropy"], ref_logp=b["ref_logp"],
-                                       rollout_logp=b["rollout_logp"], **counts)
+                                       rollout_logp=b["rollout_logp"], cov_sel=b["cov_sel"],
+                                       **counts)
             loss.backward()
             total += loss.item()
         results[layout] = total, {n: p.grad.clone() for n, p in model.named_parameters()}

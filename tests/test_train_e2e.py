@@ -155,6 +155,27 @@ def test_microbatch_size_does_not_change_the_update(tmp_path, tiny_model_dir):
     assert metrics(out_a)[0]["actor/grad_norm"] > 0
 
 
+@pytest.mark.parametrize("method,loss", [
+    ("klcov", {"cov_ratio": 0.05}),
+    ("clipcov", {"cov_ratio": 0.05, "cov_lb": 0.0, "cov_ub": 100.0, "entropy_coef": 0.01})])
+def test_the_cov_selection_is_the_mini_batchs_whatever_the_micro_batches(tmp_path, tiny_model_dir,
+                                                                         method, loss):
+    """Clip-Cov / KL-Cov with cov_batch: minibatch (and an entropy bonus): one sequence per
+    micro-batch or all in one select the same tokens, so the update and every metric agree."""
+    common = dict(steps=2, num_minibatches=2, backend="hf", lr=1e-4, method=method, loss=loss)
+    cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "big", micro_batch_tokens=100000, **common)
+    cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "small", micro_batch_tokens=1, **common)
+    run(cfg_a)
+    run(cfg_b)
+    for ra, rb in zip(metrics(out_a), metrics(out_b)):
+        for k in ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_selected_frac",
+                  "reward/mean") + (("loss/entropy_bonus",) if "entropy_coef" in loss else ()):
+            assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), k
+    first = metrics(out_a)[1]
+    assert first["actor/grad_norm"] > 0 and first["actor/cov_selected_frac"] > 0
+    assert first.get("loss/entropy_bonus", -1) < 0
+
+
 def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tiny_model_dir):
     """Step 1 updates; from step 2 on every loss is NaN: steps 2-4 are skipped and logged, then the
     run stops, saving step 4's state as a resume would need it (weights of step 1, data position
