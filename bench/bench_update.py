@@ -4,6 +4,7 @@ distribution: the micro-batch layout in use against the per-group layout, in the
     python bench/bench_update.py --lengths lognormal:88:62:384 [--repeats 3]
     python bench/bench_update.py --lengths uniform:128
     python bench/bench_update.py --lengths lognormal:700:500:3072 --ranks 8 --plan-only
+    python bench/bench_update.py --lengths uniform:128 --methods dapo clipcov klcov
 
 The setting: bench_step.py's random 17.8 M-parameter Qwen2-shape model (vocabulary 128, hidden
 512, 6 layers), 64 responses in groups of 8 to its demo prompts (~75 tokens), one process, fp32,
@@ -24,6 +25,10 @@ real ones (each sequence's prompt and response tokens; a prompt counted once per
 runs it once), over the step's passes. The rank balance (--ranks N, no timing): N ranks of 64
 responses each, the busiest rank's real tokens over the mean, as sampled (each rank its own
 prompts) and after train.balance_ranks' dealing (without launching N processes: the same rule).
+
+--methods A B ...: instead of the two layouts, these methods' steps in train.py's layout, timed in
+turn (e.g. dapo against clipcov and klcov, whose selection of tokens over the mini-batch costs a
+forward pass without grad per mini-batch: the cost of `cov_batch: minibatch`).
 """
 import argparse
 import math
@@ -131,6 +136,7 @@ def main():
                     help="as the GPU config: no KV cache, so the grouped layout copies the prompt per row")
     ap.add_argument("--ranks", type=int, default=8, help="ranks simulated for the balance figure")
     ap.add_argument("--plan-only", action="store_true", help="padding and balance only, no timing")
+    ap.add_argument("--methods", nargs="+", help="time these methods (packed layout) instead of the layouts")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bench_update_")
     cap = int(args.lengths.split(":")[-1])
@@ -144,6 +150,8 @@ def main():
     # grouped: the layout of before, one prompt's responses padded to the longest (its prompt
     # shared through the KV cache, or, under activation checkpointing, copied into every row)
     cfgs = {"packed": train.Config(**base), "grouped": train.Config(**base, micro_batch_layout="grouped")}
+    if args.methods:
+        cfgs = {m: train.Config(**{**base, "method": m}) for m in args.methods}
     seqs = make_batch(args.lengths, args.seed, tokenizer)
     lens = [len(s.resp) for s in seqs]
     print(f"bench_update: {RESPONSES} responses in groups of {GROUP}, lengths {args.lengths}: mean "
@@ -152,6 +160,8 @@ def main():
           + ("; activation checkpointing" if args.activation_checkpointing else ""))
     ratio = {}
     for name, cfg in cfgs.items():
+        if args.methods:
+            break
         comp, real = padded_over_real(seqs, cfg)
         ratio[name] = comp / real
         print(f"{name:<8} computed positions {comp}, real {real}")
@@ -167,7 +177,7 @@ def main():
     runs = {}
     for name, cfg in cfgs.items():
         model = policy.load_policy(path, cfg, torch.device("cpu"))
-        runs[name] = SimpleNamespace(cfg=cfg, model=model, ref_model=None, device=torch.device("cpu"),
+        runs[name] = SimpleNamespace(cfg=cfg, model=model, ref_model=None, device=torch.device("cpu"), rank=0,
                                      optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.lr),
                                      state=policy.TrainState())
     for name in cfgs:  # warm-up
@@ -178,6 +188,10 @@ def main():
     for name in cfgs:
         print(f"{name:<8} seconds {' '.join(f'{t:.2f}' for t in times[name])}")
     med = {name: statistics.median(t) for name, t in times.items()}
+    if args.methods:
+        first = args.methods[0]
+        print("seconds " + ", ".join(f"{m} {med[m]:.2f} ({med[m] / med[first]:.2f}x {first})" for m in med))
+        return
     print(f"speed-up over the grouped layout: {med['grouped'] / med['packed']:.2f}x")
     print(f"padded/real {ratio['packed']:.3f} (grouped {ratio['grouped']:.3f})")
     print(f"seconds {med['packed']:.2f} (grouped {med['grouped']:.2f})")

@@ -62,6 +62,11 @@ VARIANTS = {  # name -> train.py overrides
     "grpo": ["method=grpo"], "drgrpo": ["method=drgrpo"],
     "dapo": ["method=dapo", "max_sampling_tries=1"], "gspo": ["method=gspo"],
     "tepo": ["method=tepo"], "tepo-nomask": ["method=tepo", "loss.kl_mask=false"],
+    # The entropy-control baselines (ENTROPY_BASELINES.md), added after the first study: Clip-Cov
+    # and KL-Cov with their defaults, and GRPO with an entropy bonus of 0.001 (ours: verl's old
+    # silent default in its GRPO examples).
+    "clipcov": ["method=clipcov"], "klcov": ["method=klcov"],
+    "grpo-ent": ["method=grpo", "loss.entropy_coef=0.001"],
 }
 CONFIG = os.path.join(ROOT, "configs", "study.yaml")
 # --smoke: what CI can afford; the defaults of `run` are the study's.
@@ -81,6 +86,7 @@ CURVES = [("eval/accuracy", "held-out pass@1 (T=1)", 1),
           ("actor/clip_frac_low", "clipped below (share of trained tokens)", 1),
           ("actor/clip_frac_high", "clipped above (share of trained tokens)", 1),
           ("actor/kl_mask_frac", "TEPO's KL mask: share of trained tokens", 1),
+          ("actor/cov_selected_frac", "Clip-Cov / KL-Cov: share of trained tokens selected", 1),
           ("response/length_mean", "response length (tokens)", 1)]
 # ----------------------------------------------------------------------------------------------
 # run
@@ -363,6 +369,17 @@ CLAIMS = [
     ("C2", "final pass@4, TEPO - GRPO (supplementary)", "tepo", "grpo", "pass@4", "diff", "above"),
     ("C2", "final pass@4, TEPO - DAPO (supplementary)", "tepo", "dapo", "pass@4", "diff", "above"),
     ("C2", "final pass@4, TEPO - TEPO without mask (supplementary)", "tepo", "tepo-nomask", "pass@4", "diff", "above"),
+    # Added with the entropy-control baselines, under the same rule: TEPO against the methods that
+    # regularise entropy on every token alike (the paper's "related entropy regularization methods").
+    ("C2", "final entropy, TEPO - Clip-Cov", "tepo", "clipcov", "entropy_final", "diff", "above"),
+    ("C2", "final entropy, TEPO - KL-Cov", "tepo", "klcov", "entropy_final", "diff", "above"),
+    ("C2", "final entropy, TEPO - GRPO with entropy bonus", "tepo", "grpo-ent", "entropy_final", "diff", "above"),
+    ("C2", "final pass@32, TEPO - Clip-Cov", "tepo", "clipcov", "pass@32", "diff", "above"),
+    ("C2", "final pass@32, TEPO - KL-Cov", "tepo", "klcov", "pass@32", "diff", "above"),
+    ("C2", "final pass@32, TEPO - GRPO with entropy bonus", "tepo", "grpo-ent", "pass@32", "diff", "above"),
+    ("C2", "final pass@4, TEPO - Clip-Cov (supplementary)", "tepo", "clipcov", "pass@4", "diff", "above"),
+    ("C2", "final pass@4, TEPO - KL-Cov (supplementary)", "tepo", "klcov", "pass@4", "diff", "above"),
+    ("C2", "final pass@4, TEPO - GRPO with entropy bonus (supplementary)", "tepo", "grpo-ent", "pass@4", "diff", "above"),
     ("C3", "run's largest p99.9 |log r|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below"),
     ("C3", "run's largest max |log r|, TEPO - GSPO (supplementary)", "tepo", "gspo", "log_ratio_max", "diff", "below"),
 ]

@@ -177,7 +177,8 @@ def synthetic_study(tmp_path):
                                                 "set": [], "base_seed": 0, "pretrain_steps": 800,
                                                 "base_eval": 500, "smoke": False}))
     spec = {"grpo": (0.01, 0.10, 0.5), "dapo": (0.01, 0.12, 0.5), "drgrpo": (0.01, 0.1, 0.5),
-            "gspo": (0.015, 0.1, 2.0), "tepo": (0.02, 0.3, 0.4), "tepo-nomask": (0.02, 0.1, 0.4)}
+            "gspo": (0.015, 0.1, 2.0), "tepo": (0.02, 0.3, 0.4), "tepo-nomask": (0.02, 0.1, 0.4),
+            "clipcov": (0.01, 0.15, 0.5), "klcov": (0.01, 0.2, 0.5), "grpo-ent": (0.01, 0.25, 0.5)}
     for variant, (speed, ent, p999) in spec.items():
         for seed in range(4):
             fake_run(str(out / f"{variant}-s{seed}"), steps=40, speed=speed * (1 + 0.02 * seed),
@@ -234,7 +235,8 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     assert "final pass@4, TEPO - GRPO (supplementary)" in claims
     assert "grpo: 4 seeds" in text and "grpo-s9" not in text  # the unfinished run is left out
     assert "CPU-hours, measured" in text
-    cpu_hours = (24 * 180 + 90) / 3600
+    cpu_hours = (len(study.VARIANTS) * 4 * 180 + 90) / 3600
+    assert v["final entropy, TEPO - KL-Cov"] == v["final entropy, TEPO - Clip-Cov"] == "**supported**"
     assert f"Total CPU time: {cpu_hours:.2f} CPU-hours" in text
     assert "python bench/study.py run --out" in text and "--threshold 0.6" in text
     pngs = sorted(p.name for p in doc.parent.glob("study_*.png"))
