@@ -141,18 +141,26 @@ def test_a_run_saved_by_two_ranks_resumes_on_one(tmp_path, tiny_model_dir):
     assert all(resumed[k] == 2 * first[k] > 0 for k in first), (first, resumed)
 
 
-def test_microbatch_size_does_not_change_the_update(tmp_path, tiny_model_dir):
-    """One sequence per micro-batch or all in one: same loss, same gradient (norm), same metrics."""
-    common = dict(steps=2, num_minibatches=1, backend="hf", lr=1e-4)
-    cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "big", micro_batch_tokens=100000, **common)
-    cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "small", micro_batch_tokens=1, **common)
+def same_update_for_any_micro_batch(tmp_path, model_dir, keys, **common):
+    """Train with one sequence per micro-batch and with all in one; assert that `keys` agree at
+    every step. -> the metrics of the first run"""
+    cfg_a, out_a = setup_run(tmp_path, model_dir, "big", micro_batch_tokens=100000, **common)
+    cfg_b, out_b = setup_run(tmp_path, model_dir, "small", micro_batch_tokens=1, **common)
     run(cfg_a)
     run(cfg_b)
     for ra, rb in zip(metrics(out_a), metrics(out_b)):
-        for k in ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_logp_adv",
-                  "actor/kl_mask_frac", "reward/mean"):
+        for k in keys:
             assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), k
-    assert metrics(out_a)[0]["actor/grad_norm"] > 0
+    return metrics(out_a)
+
+
+def test_microbatch_size_does_not_change_the_update(tmp_path, tiny_model_dir):
+    """One sequence per micro-batch or all in one: same loss, same gradient (norm), same metrics."""
+    rows = same_update_for_any_micro_batch(
+        tmp_path, tiny_model_dir, ("loss/policy", "actor/grad_norm", "actor/entropy",
+                                   "actor/cov_logp_adv", "actor/kl_mask_frac", "reward/mean"),
+        steps=2, num_minibatches=1, backend="hf", lr=1e-4)
+    assert rows[0]["actor/grad_norm"] > 0
 
 
 @pytest.mark.parametrize("method,loss", [
@@ -162,16 +170,11 @@ def test_the_cov_selection_is_the_mini_batchs_whatever_the_micro_batches(tmp_pat
                                                                          method, loss):
     """Clip-Cov / KL-Cov with cov_batch: minibatch (and an entropy bonus): one sequence per
     micro-batch or all in one select the same tokens, so the update and every metric agree."""
-    common = dict(steps=2, num_minibatches=2, backend="hf", lr=1e-4, method=method, loss=loss)
-    cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "big", micro_batch_tokens=100000, **common)
-    cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "small", micro_batch_tokens=1, **common)
-    run(cfg_a)
-    run(cfg_b)
-    for ra, rb in zip(metrics(out_a), metrics(out_b)):
-        for k in ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_selected_frac",
-                  "reward/mean") + (("loss/entropy_bonus",) if "entropy_coef" in loss else ()):
-            assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), k
-    first = metrics(out_a)[1]
+    keys = ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_selected_frac",
+            "reward/mean") + (("loss/entropy_bonus",) if "entropy_coef" in loss else ())
+    rows = same_update_for_any_micro_batch(tmp_path, tiny_model_dir, keys, steps=2, num_minibatches=2,
+                                           backend="hf", lr=1e-4, method=method, loss=loss)
+    first = rows[1]
     assert first["actor/grad_norm"] > 0 and first["actor/cov_selected_frac"] > 0
     assert first.get("loss/entropy_bonus", -1) < 0
 
