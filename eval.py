@@ -39,7 +39,6 @@ number of ranks: the same seed gives the same numbers on 1 or 8 ranks (bit for b
 it is tested; on GPU up to the engine's own run-to-run determinism).
 """
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -329,12 +328,6 @@ def samples_and_ks(args, size):
     return n, sorted(set(args.k or ({k for k in DEFAULT_K if k <= n} | {n})))
 
 
-def chunk_seed(seed, benchmark, chunk):
-    """A 31-bit sampling seed for one chunk of one benchmark, independent of the rank."""
-    digest = hashlib.blake2b(f"{seed}:{benchmark}:{chunk}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % 2**31
-
-
 def make_judge(name):
     """(text, gold) -> (extracted answer or None, correct) by the grader `name`: reward.grade, or
     math-verify's verdict beside reward.py's extracted answer (shown, and voted on by maj@k)."""
@@ -357,8 +350,8 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
     evaluation path: eval.py's, and train.py's held-out evaluation (so its numbers do not depend on
     the number of ranks, and equal eval.py's on the checkpoint with the same settings).
 
-    Chunk c (problems c x chunk_size ...) is sampled by one generate call seeded chunk_seed(seed,
-    name, c), on rank c mod world. Each record: {"index", "problem", "gold", "samples": [...],
+    Chunk c (problems c x chunk_size ...) is sampled by one generate call seeded
+    rollout.derive_seed(seed, name, c), on rank c mod world. Each record: {"index", "problem", "gold", "samples": [...],
     "metrics": problem_metrics}. Problems whose prompt leaves no room to generate (`context`) get n
     empty, wrong samples (finish "prompt_too_long"). judge(text, gold) -> (answer or None, correct)
     (make_judge); a call that raises or runs over reward_timeout seconds makes the sample wrong,
@@ -370,7 +363,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
         t = time.time()
         outs = dict(zip(fits, engine.generate(
             [prompt_ids[i] for i in fits], n=n, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, seed=chunk_seed(seed, name, c)))) if fits else {}
+            temperature=temperature, top_p=top_p, seed=rollout.derive_seed(seed, name, c)))) if fits else {}
         if clock is not None:
             clock["generate_s"] += time.time() - t
         for i in idx:

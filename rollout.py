@@ -173,13 +173,16 @@ def _bind_cpus(local_rank, local_world):
     return cpus
 
 
-def _request_seed(seed, index):
-    """A 31-bit seed for prompt `index` of a call seeded `seed`.
+def derive_seed(*parts):
+    """The project's one rule for seeds: the seed of the random stream named by `parts` (a run's
+    seed, step, try and rank; a benchmark's name and chunk; a call's seed and prompt index).
 
-    vLLM seeds sample j of a request with `seed + j`, so equal prompts given equal seeds would
-    get equal samples: hashing (seed, index) gives every prompt of a call its own stream.
+    A hash, so streams whose parts differ in one place are unrelated (vLLM seeds sample j of a
+    request with `seed + j`: consecutive seeds for two prompts would share samples), and a part
+    may be a name. Below 2**31 - 2**16, so that `seed + j` stays a 31-bit int for up to 65,536
+    samples of a prompt.
     """
-    digest = hashlib.blake2b(f"{seed},{index}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 2**16)
 
 
@@ -314,7 +317,7 @@ class VLLMEngine:
     def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
 
-        Seeding: prompt i of a call is sampled from its own stream hash(seed, i) (vLLM's
+        Seeding: prompt i of a call is sampled from its own stream derive_seed(seed, i) (vLLM's
         per-request seeds would give equal prompts equal samples), its n samples from consecutive
         streams, so they differ. The seed is the caller's whole say: train.py mixes the rank in;
         eval.py seeds by chunk, so its numbers do not depend on the number of ranks. seed=None:
@@ -326,9 +329,9 @@ class VLLMEngine:
         if not ids:
             return []
         if seed is None:  # a fresh, reproducible stream per call
-            seed, self.calls = _request_seed(f"{self.seed}/call", self.calls), self.calls + 1
+            seed, self.calls = derive_seed(self.seed, "call", self.calls), self.calls + 1
         params = [SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, seed=_request_seed(seed, i),
+            n=n, temperature=temperature, top_p=top_p, seed=derive_seed(seed, i),
             max_tokens=min(max_new_tokens, self.max_model_len - len(p)),  # vLLM's name
             stop_token_ids=self.stop_list,  # vLLM alone stops at generation_config's EOS only
             # logprobs=0: the sampled token's only (processed: see logprobs_mode above); flat:
@@ -447,13 +450,13 @@ class HFEngine:
         if not ids:
             return []
         if seed is None:
-            seed, self.calls = _request_seed(f"{self.seed}/call", self.calls), self.calls + 1
+            seed, self.calls = derive_seed(self.seed, "call", self.calls), self.calls + 1
         rows = [p for p in ids for _ in range(n)]  # the n samples of a prompt are adjacent rows
         samples = []
         devices = [self.device] if self.device.type == "cuda" else []
         # fork_rng: the sampler's seed must not reset the trainer's random stream.
         with torch.random.fork_rng(devices=devices), _torch_threads(self.threads):
-            torch.manual_seed(_request_seed(seed, 0))
+            torch.manual_seed(derive_seed(seed, 0))
             for i in range(0, len(rows), self.batch_size):
                 samples += self._generate_batch(rows[i:i + self.batch_size], max_new_tokens,
                                                 temperature, top_p)

@@ -207,7 +207,7 @@ def sample_and_grade(run, step, t):
         t0 = time.perf_counter()
         outs = run.engine.generate([r["prompt"] for r in prompts], n=cfg.group_size,
                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                   top_p=cfg.top_p, seed=sample_seed(cfg.seed, step, attempt, run.rank))
+                                   top_p=cfg.top_p, seed=rollout.derive_seed(cfg.seed, step, attempt, run.rank))
         t1 = time.perf_counter()
         new = []
         for row, samples in zip(prompts, outs):
@@ -331,7 +331,7 @@ def update_policy(run, minibatches, step):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         trained = [s for s in mb_seqs if s.train]
-        keys = torch.Generator().manual_seed(sample_seed(cfg.seed, step, k, run.rank))
+        keys = torch.Generator().manual_seed(rollout.derive_seed(cfg.seed, step, k, run.rank))
         if cov and cfg.loss_cfg.cov_batch == "minibatch":
             select_cov(run, trained, n["trained_tokens"], keys)
         for mb, batch, logp, ent in lockstep_forwards(model, trained, cfg, run.device, True, grad=True):
@@ -854,11 +854,6 @@ def share_out(have, total):
             if keep[r] < have[r] and sum(keep) < total:
                 keep[r] += 1
     return keep
-
-
-def sample_seed(*parts):
-    """A 32-bit sampling seed from (run seed, step, try, rank): a resumed run samples the same."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 def shaped_reward(cfg, grader, sample, answer):
