@@ -48,7 +48,8 @@ The batch of the selection (`cov_batch`) is ours: "minibatch" (default) selects 
 mini-batch on all ranks, so the choice does not depend on how the batch is cut (train.py computes
 it before the mini-batch's update, from an extra forward pass without grad); "microbatch" selects
 within each micro-batch, as verl does. The trained tokens (A != 0) are the batch (ours: the update
-never sees the others). Any method may add an entropy bonus, aggregated like the policy loss:
+never sees the others). Any method may add an entropy bonus, aggregated like the policy loss, over
+every response token (those of A = 0 responses too):
     loss -= entropy_coef * agg(H)                                          (entropy_coef 0: off)
 
 Off by default, for every method: a correction of the sampler/trainer mismatch (the sampler's
@@ -295,6 +296,13 @@ class LossConfig:
         if self.cov != "none" and self.ratio != "token":
             raise ValueError(f"cov {self.cov!r} (Clip-Cov / KL-Cov) is defined on the token ratio; "
                              f"got ratio {self.ratio!r}")
+
+    @property
+    def every_response_in_loss(self):
+        """Whether a response with A = 0 still has a loss, so the update must forward it: a
+        KL-to-reference term, or an entropy bonus (over the tokens the normaliser counts). Else
+        its gradient is 0 and the update skips it."""
+        return self.kl_coef > 0 or self.entropy_coef != 0
 
     @property
     def needs_ref(self):

@@ -238,8 +238,8 @@ def sample_and_grade(run, step, t):
 def make_sequences(groups, cfg, rank=0):
     """2. Group advantages, one Sequence per response, in `num_minibatches` mini-batches.
 
-    A sequence with A = 0 carries no gradient, so the update skips it (train=False), unless a
-    KL-to-reference term reads it. -> list of mini-batches, each a list of Sequence (this rank's
+    A sequence with A = 0 carries no gradient, so the update skips it (train=False), unless some
+    other term of the loss reads it (LossConfig.every_response_in_loss). -> list of mini-batches, each a list of Sequence (this rank's
     share of the global mini-batch: every rank's k-th list together; balance_ranks deals them anew)
     """
     seqs = []
@@ -247,7 +247,7 @@ def make_sequences(groups, cfg, rank=0):
         adv = tepo.group_advantages(torch.tensor(g.rewards), cfg.group_size, cfg.loss_cfg.adv_std_norm)
         for s, a in zip(g.samples, adv.tolist()):
             seqs.append(Sequence((rank, gid), s.prompt_ids, s.response_ids, a,
-                                 train=a != 0 or cfg.loss_cfg.kl_coef > 0,
+                                 train=a != 0 or cfg.loss_cfg.every_response_in_loss,
                                  rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32)))
     return [[seqs[i] for i in idx] for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
 

@@ -4,6 +4,7 @@ import torch
 import yaml
 
 import data
+import rollout
 import tepo
 import train
 from demo import make_tiny_model
@@ -106,6 +107,27 @@ def test_collate_takes_a_value_only_when_every_sequence_carries_it():
         s.old_logp = torch.full((len(s.resp),), -2.0)
     got = train.collate(seqs, torch.device("cpu"))["old_logp"].tolist()
     assert got == [[-2.0] * 3 + [0.0], [-2.0] * 2 + [0.0] * 2, [-2.0] * 4]
+
+
+def test_responses_with_zero_advantage_are_in_the_loss_only_when_a_term_reads_them():
+    """An equal-reward group's responses (A = 0) carry no policy gradient, so the update skips
+    them, unless another term of the loss reads them: GRPO's KL to the reference, or an entropy
+    bonus, which is over every response token (its normaliser counts them all; skipping them cut
+    the bonus by the share of equal-reward groups and left those responses out of it)."""
+    def group(rewards):
+        samples = [rollout.Sample([1, 2], [3] * (2 + i), "x", [-1.0] * (2 + i), "stop")
+                   for i in range(len(rewards))]
+        return train.Group({}, samples, rewards, [r > 0 for r in rewards])
+    groups = [group([0.0, 0.0]), group([1.0, 0.0])]
+    for method, loss, want in (("dapo", {}, [False, False, True, True]),
+                               ("dapo", {"entropy_coef": 0.01}, [True] * 4),
+                               ("tepo", {"entropy_coef": -0.01}, [True] * 4),
+                               ("grpo", {}, [True] * 4)):
+        cfg = train.Config(model="m", train_data="d", method=method, group_size=2, num_minibatches=1,
+                           loss=loss)
+        seqs = [s for mb in train.make_sequences(groups, cfg) for s in mb]
+        assert [s.adv == 0 for s in seqs] == [True, True, False, False]
+        assert [s.train for s in seqs] == want, (method, loss)
 
 
 @pytest.mark.parametrize("layout,rows", [("packed", False), ("grouped", False), ("grouped", True)])
