@@ -47,8 +47,9 @@ covariance of log-prob and advantage over the tokens of the batch it is computed
 The batch of the selection (`cov_batch`) is ours: "minibatch" (default) selects over the whole
 mini-batch on all ranks, so the choice does not depend on how the batch is cut (train.py computes
 it before the mini-batch's update, from an extra forward pass without grad); "microbatch" selects
-within each micro-batch, as verl does. The trained tokens (A != 0) are the batch (ours: the update
-never sees the others). Any method may add an entropy bonus, aggregated like the policy loss, over
+within each micro-batch, as verl does. Its tokens (`cov_tokens`) are ours too: "trained" (default),
+those of the responses with A != 0, which the update forwards anyway; "all", every response token,
+as verl does (the update then forwards the A = 0 responses too: one forward and backward more). Any method may add an entropy bonus, aggregated like the policy loss, over
 every response token (those of A = 0 responses too):
     loss -= entropy_coef * agg(H)                                          (entropy_coef 0: off)
 
@@ -251,6 +252,7 @@ class LossConfig:
     cov_ub: float = 5.0
     kl_cov_coef: float = 1.0             # KL-Cov: the weight of |logp - old_logp| on its tokens
     cov_batch: str = "minibatch"         # minibatch (over all ranks; ours) | microbatch (verl's)
+    cov_tokens: str = "trained"          # the selection's tokens: trained (A != 0; ours) | all (verl's)
 
     # Not a field (no annotation): the spec's table of method defaults.
     PRESETS = {
@@ -280,7 +282,8 @@ class LossConfig:
         choices = {"method": METHODS, "ratio": ("token", "sequence"), "aggregation": AGGREGATIONS,
                    "kl_kind": KL_KINDS, "kl_mask_target": ("old", "ref"),
                    "is_correction": ("none", "tis", "mask"), "is_level": ("token", "sequence"),
-                   "cov": COV_KINDS, "cov_batch": ("minibatch", "microbatch")}
+                   "cov": COV_KINDS, "cov_batch": ("minibatch", "microbatch"),
+                   "cov_tokens": ("trained", "all")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
@@ -300,9 +303,12 @@ class LossConfig:
     @property
     def every_response_in_loss(self):
         """Whether a response with A = 0 still has a loss, so the update must forward it: a
-        KL-to-reference term, or an entropy bonus (over the tokens the normaliser counts). Else
-        its gradient is 0 and the update skips it."""
-        return self.kl_coef > 0 or self.entropy_coef != 0
+        KL-to-reference term, an entropy bonus (over the tokens the normaliser counts), or a
+        covariance selection over every response token (cov_tokens "all": its means and count
+        take them in, and KL-Cov may penalise them). Else its gradient is 0 and the update skips
+        it."""
+        return (self.kl_coef > 0 or self.entropy_coef != 0
+                or (self.cov != "none" and self.cov_tokens == "all"))
 
     @property
     def needs_ref(self):

@@ -111,9 +111,10 @@ def test_collate_takes_a_value_only_when_every_sequence_carries_it():
 
 def test_responses_with_zero_advantage_are_in_the_loss_only_when_a_term_reads_them():
     """An equal-reward group's responses (A = 0) carry no policy gradient, so the update skips
-    them, unless another term of the loss reads them: GRPO's KL to the reference, or an entropy
+    them, unless another term of the loss reads them: GRPO's KL to the reference, an entropy
     bonus, which is over every response token (its normaliser counts them all; skipping them cut
-    the bonus by the share of equal-reward groups and left those responses out of it)."""
+    the bonus by the share of equal-reward groups and left those responses out of it), or a
+    covariance selection over every token (cov_tokens "all", verl's)."""
     def group(rewards):
         samples = [rollout.Sample([1, 2], [3] * (2 + i), "x", [-1.0] * (2 + i), "stop")
                    for i in range(len(rewards))]
@@ -122,7 +123,9 @@ def test_responses_with_zero_advantage_are_in_the_loss_only_when_a_term_reads_th
     for method, loss, want in (("dapo", {}, [False, False, True, True]),
                                ("dapo", {"entropy_coef": 0.01}, [True] * 4),
                                ("tepo", {"entropy_coef": -0.01}, [True] * 4),
-                               ("grpo", {}, [True] * 4)):
+                               ("grpo", {}, [True] * 4),
+                               ("clipcov", {}, [False, False, True, True]),
+                               ("klcov", {"cov_tokens": "all"}, [True] * 4)):
         cfg = train.Config(model="m", train_data="d", method=method, group_size=2, num_minibatches=1,
                            loss=loss)
         seqs = [s for mb in train.make_sequences(groups, cfg) for s in mb]
