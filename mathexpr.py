@@ -93,11 +93,10 @@ def _tokenize(s):
     return out
 
 
-class _Parser:
-    """Recursive descent over tokens, building trees of tuples: ('n', Fraction), ('sym', name),
-    ('+', *terms), ('*'|'/'|'^', a, b), ('neg', a), ('fn', name, a), ('log', a, base), ('sqrt', a),
-    ('root', a, n), ('abs'|'floor'|'ceil'|'fact', a), ('binom', n, k), ('inf',).
-    `decimal` records a decimal literal (compare with tolerance), `syms` the free symbols."""
+class _Cursor:
+    """The parse's state: the tokens and the position in them, the nesting depth (bounded), how
+    many |..| are open (a `|` then closes one rather than opening another), and what the parse
+    found: a decimal literal (`decimal`: compare with tolerance) and the free symbols (`syms`)."""
 
     def __init__(self, s):
         self.toks, self.i, self.depth, self.in_abs = _tokenize(s), 0, 0, 0
@@ -115,72 +114,6 @@ class _Parser:
         self.i += 1
         return tok
 
-    def expr(self):  # a sum of signed terms
-        terms = [self.term()]
-        while self.peek()[1] in ("+", "-"):
-            terms.append(self.term())
-        return terms[0] if len(terms) == 1 else ("+",) + tuple(terms)
-
-    def term(self):  # a signed product: explicit * and /, and implicit multiplication
-        if self.peek()[1] in ("+", "-"):
-            sign = self.take()[1]
-            t = self.term()
-            return ("neg", t) if sign == "-" else t
-        node = self.power()
-        while True:
-            t = self.peek()[1]
-            if t in ("*", "\\cdot", "\\times", "\\ast", "/", "\\div"):
-                self.take()
-                node = ("/" if t in ("/", "\\div") else "*", node, self.signed())
-            elif self.starts_atom():
-                if self.peek()[0] == "num" and self.toks[self.i - 1][0] == "num":
-                    raise Undecided("two numbers side by side")  # `1 2 3` (lines run together) is no product
-                node = ("*", node, self.power())
-            else:
-                return node
-
-    def starts_atom(self):
-        kind, t = self.peek()
-        if kind == "cmd":
-            return t not in _NOT_ATOM
-        return kind in ("num", "sym", "fn") or t in ("(", "[", "{") or t == "|" and not self.in_abs
-
-    def power(self):  # atom, factorials, then ^ (right-associative; 2^-1 allowed)
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise Undecided("nesting too deep")
-        node = self.atom()
-        while self.peek()[1] == "!":
-            self.take()
-            node = ("fact", node)
-        if self.peek()[1] == "^":
-            self.take()
-            node = ("^", node, self.signed())
-        self.depth -= 1
-        return node
-
-    def signed(self):  # the right operand of *, /, ^: 3/-4, 2^-1
-        if self.peek()[1] == "-":
-            self.take()
-            return ("neg", self.power())
-        return self.power()
-
-    def arg(self):
-        """One macro argument: a {group} or a single token (`\\frac43` reads 4, then 3)."""
-        kind, t = self.peek()
-        if kind == "num" and len(t) > 1 and t.isdigit():
-            self.toks[self.i] = ("num", t[1:])
-            return ("n", Fraction(int(t[0])))
-        return self.group("{") if t == "{" else self.atom()
-
-    def group(self, opener):
-        self.take(opener)
-        self.in_abs += opener in ("|", "\\lvert", "\\vert", "\\|")
-        e = self.expr()
-        self.in_abs -= opener in ("|", "\\lvert", "\\vert", "\\|")
-        self.take(_CLOSER[opener])
-        return e
-
     def raw(self):
         """The token text of a braced group or of one token, for names: x_{max}, \\vec{v}."""
         if self.peek()[1] != "{":
@@ -192,82 +125,170 @@ class _Parser:
                 raise Undecided("unbalanced braces")
         return "".join(t for _, t in self.toks[start + 1:self.i - 1])
 
-    def name(self, name):
-        """A symbol's full name with subscripts and primes: x_{max}, y', \\theta_w."""
-        while self.peek()[1] in ("_", "'"):
-            name += "'" if self.take()[1] == "'" else "_" + self.raw()
-        if name not in ("pi", "e", "i"):
-            self.syms.add(name)
-        return ("sym", name)
 
-    def atom(self):
-        kind, t = self.peek()
-        if kind == "num":
-            return self.number()
-        if kind == "fn":
-            return self.function(self.take()[1])
-        if t in ("(", "[", "{"):
-            return self.group(t)
-        if t in _CLOSER:  # |x|, \lvert x \rvert, \lfloor x \rfloor, \lceil x \rceil
-            return ({"\\lfloor": "floor", "\\lceil": "ceil"}.get(t, "abs"), self.group(t))
-        self.take()
-        if kind == "sym":
-            return self.name(t)
-        if kind != "cmd" or t in _NOT_ATOM:
-            raise Undecided(f"unexpected {t!r}")
-        if t in ("\\frac", "\\binom"):
-            return ("/" if t == "\\frac" else "binom", self.arg(), self.arg())
-        if t == "\\sqrt":
-            if self.peek()[1] != "[":
-                return ("sqrt", self.arg())
-            n = self.group("[")
-            return ("root", self.arg(), n)
-        if t in ("\\pi", "\\infty"):
-            return ("sym", "pi") if t == "\\pi" else ("inf",)
-        if t in _ACCENTS:  # \vec{v}, \overline{AB}: a name
-            return self.name(t[1:] + "{" + self.raw() + "}")
-        return self.name(t[1:])  # \alpha, \hbar, \theta_w, ...
+# The grammar, by recursive descent: one function per rule, each reading from the cursor p and
+# returning a tree (see the module docstring):
+#   expr    a sum of signed terms                 term {(+ | -) term}
+#   term    a signed product                      [+ | -] term  |  power {(* / \cdot ... | implicit) power}
+#   power   an atom, its factorials, its power    atom {!} [^ signed]        (right-associative)
+#   signed  the right operand of * / ^            [-] power                  (3/-4, 2^-1)
+#   atom    number | function | (..) [..] {..} | |..| floors ceils | name | \frac \binom \sqrt ...
 
-    def number(self):
-        t = self.take()[1]
-        mantissa, _, exponent = t.lower().partition("e")
-        if len(mantissa) > 400 or exponent and abs(int(exponent)) > 400:
-            raise Undecided("number too large")  # Fraction("1e999999999") would never return
-        self.decimal |= "." in t or "e" in t.lower()
-        if self.peek()[1] == "_":  # 52_8: a numeral in another base, an opaque name
-            return self.name(t)
-        if self.peek()[1] == "\\frac" and self.peek(1)[1] == "{" and t.isdigit():  # 1\frac{4}{5}
-            save = self.i
-            self.take()
-            a, b = self.arg(), self.arg()
-            if a[0] == b[0] == "n" and 0 <= a[1] < b[1]:
-                return ("n", int(t) + a[1] / b[1])
-            self.i = save
-        return ("n", Fraction(t))
 
-    def function(self, name):
-        """`\\sin x`, `\\sin(x)`, `\\sin^2 x`, `\\sin^{-1} x`, `\\log_2 8`, `\\ln 2`, `\\exp{a t}`."""
-        base, power = None, None
-        for _ in range(2):
-            if self.peek()[1] == "_" and name == "log":
-                self.take()
-                base = self.arg()
-            elif self.peek()[1] == "^":
-                self.take()
-                power = self.signed() if self.peek()[1] == "-" else self.arg()
-        if power in (("neg", ("n", 1)), ("n", -1)) and name in _INVERSE:
-            name, power = _INVERSE[name], None
-        if self.peek()[1] in ("(", "{"):
-            arg = self.group(self.peek()[1])
-        else:  # \sin 2x, \cos \frac{\pi}{3}: a product of powers, up to the next function
-            arg = self.power()
-            while self.starts_atom() and self.peek()[0] != "fn":
-                arg = ("*", arg, self.power())
-        if name == "lg" or name == "log" and base is not None:
-            node = ("log", arg, base if base is not None else ("n", Fraction(10)))
+def _expr(p):
+    terms = [_term(p)]
+    while p.peek()[1] in ("+", "-"):
+        terms.append(_term(p))
+    return terms[0] if len(terms) == 1 else ("+",) + tuple(terms)
+
+
+def _term(p):
+    if p.peek()[1] in ("+", "-"):
+        sign = p.take()[1]
+        t = _term(p)
+        return ("neg", t) if sign == "-" else t
+    node = _power(p)
+    while True:
+        t = p.peek()[1]
+        if t in ("*", "\\cdot", "\\times", "\\ast", "/", "\\div"):
+            p.take()
+            node = ("/" if t in ("/", "\\div") else "*", node, _signed(p))
+        elif _starts_atom(p):
+            if p.peek()[0] == "num" and p.toks[p.i - 1][0] == "num":
+                raise Undecided("two numbers side by side")  # `1 2 3` (lines run together) is no product
+            node = ("*", node, _power(p))
         else:
-            node = ("fn", "log" if name == "ln" else name, arg)
-        return ("^", node, power) if power is not None else node
+            return node
+
+
+def _starts_atom(p):
+    kind, t = p.peek()
+    if kind == "cmd":
+        return t not in _NOT_ATOM
+    return kind in ("num", "sym", "fn") or t in ("(", "[", "{") or t == "|" and not p.in_abs
+
+
+def _power(p):
+    p.depth += 1
+    if p.depth > MAX_DEPTH:
+        raise Undecided("nesting too deep")
+    node = _atom(p)
+    while p.peek()[1] == "!":
+        p.take()
+        node = ("fact", node)
+    if p.peek()[1] == "^":
+        p.take()
+        node = ("^", node, _signed(p))
+    p.depth -= 1
+    return node
+
+
+def _signed(p):
+    if p.peek()[1] == "-":
+        p.take()
+        return ("neg", _power(p))
+    return _power(p)
+
+
+def _group(p, opener):
+    p.take(opener)
+    p.in_abs += opener in ("|", "\\lvert", "\\vert", "\\|")
+    e = _expr(p)
+    p.in_abs -= opener in ("|", "\\lvert", "\\vert", "\\|")
+    p.take(_CLOSER[opener])
+    return e
+
+
+def _arg(p):
+    """One macro argument: a {group} or a single token (`\\frac43` reads 4, then 3)."""
+    kind, t = p.peek()
+    if kind == "num" and len(t) > 1 and t.isdigit():
+        p.toks[p.i] = ("num", t[1:])
+        return ("n", Fraction(int(t[0])))
+    return _group(p, "{") if t == "{" else _atom(p)
+
+
+def _atom(p):
+    kind, t = p.peek()
+    if kind == "num":
+        return _number(p)
+    if kind == "fn":
+        return _function(p, p.take()[1])
+    if t in ("(", "[", "{"):
+        return _group(p, t)
+    if t in _CLOSER:  # |x|, \lvert x \rvert, \lfloor x \rfloor, \lceil x \rceil
+        return ({"\\lfloor": "floor", "\\lceil": "ceil"}.get(t, "abs"), _group(p, t))
+    p.take()
+    if kind == "sym":
+        return _name(p, t)
+    if kind != "cmd" or t in _NOT_ATOM:
+        raise Undecided(f"unexpected {t!r}")
+    if t in ("\\frac", "\\binom"):
+        return ("/" if t == "\\frac" else "binom", _arg(p), _arg(p))
+    if t == "\\sqrt":
+        if p.peek()[1] != "[":
+            return ("sqrt", _arg(p))
+        n = _group(p, "[")
+        return ("root", _arg(p), n)
+    if t in ("\\pi", "\\infty"):
+        return ("sym", "pi") if t == "\\pi" else ("inf",)
+    if t in _ACCENTS:  # \vec{v}, \overline{AB}: a name
+        return _name(p, t[1:] + "{" + p.raw() + "}")
+    return _name(p, t[1:])  # \alpha, \hbar, \theta_w, ...
+
+
+def _name(p, name):
+    """A symbol's full name with subscripts and primes: x_{max}, y', \\theta_w."""
+    while p.peek()[1] in ("_", "'"):
+        name += "'" if p.take()[1] == "'" else "_" + p.raw()
+    if name not in ("pi", "e", "i"):
+        p.syms.add(name)
+    return ("sym", name)
+
+
+def _number(p):
+    """A numeral; or, followed by `_`, a numeral in another base (52_8: an opaque name); or a
+    mixed number (1\\frac{4}{5})."""
+    t = p.take()[1]
+    mantissa, _, exponent = t.lower().partition("e")
+    if len(mantissa) > 400 or exponent and abs(int(exponent)) > 400:
+        raise Undecided("number too large")  # Fraction("1e999999999") would never return
+    p.decimal |= "." in t or "e" in t.lower()
+    if p.peek()[1] == "_":
+        return _name(p, t)
+    if p.peek()[1] == "\\frac" and p.peek(1)[1] == "{" and t.isdigit():
+        save = p.i
+        p.take()
+        a, b = _arg(p), _arg(p)
+        if a[0] == b[0] == "n" and 0 <= a[1] < b[1]:
+            return ("n", int(t) + a[1] / b[1])
+        p.i = save
+    return ("n", Fraction(t))
+
+
+def _function(p, name):
+    """`\\sin x`, `\\sin(x)`, `\\sin^2 x`, `\\sin^{-1} x`, `\\log_2 8`, `\\ln 2`, `\\exp{a t}`."""
+    base, power = None, None
+    for _ in range(2):
+        if p.peek()[1] == "_" and name == "log":
+            p.take()
+            base = _arg(p)
+        elif p.peek()[1] == "^":
+            p.take()
+            power = _signed(p) if p.peek()[1] == "-" else _arg(p)
+    if power in (("neg", ("n", 1)), ("n", -1)) and name in _INVERSE:
+        name, power = _INVERSE[name], None
+    if p.peek()[1] in ("(", "{"):
+        arg = _group(p, p.peek()[1])
+    else:  # \sin 2x, \cos \frac{\pi}{3}: a product of powers, up to the next function
+        arg = _power(p)
+        while _starts_atom(p) and p.peek()[0] != "fn":
+            arg = ("*", arg, _power(p))
+    if name == "lg" or name == "log" and base is not None:
+        node = ("log", arg, base if base is not None else ("n", Fraction(10)))
+    else:
+        node = ("fn", "log" if name == "ln" else name, arg)
+    return ("^", node, power) if power is not None else node
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -277,8 +298,8 @@ def parse(s):
     if len(s) > MAX_EXPR:
         return None
     try:
-        p = _Parser(s)
-        tree = p.expr()
+        p = _Cursor(s)
+        tree = _expr(p)
         return (tree, p.decimal, frozenset(p.syms)) if p.i == len(p.toks) else None
     except (Undecided, RecursionError, ValueError, ZeroDivisionError, IndexError):
         return None
