@@ -171,10 +171,16 @@ class TrainState:
     skipped: int = 0       # non-finite optimizer steps skipped in all
 
 
+def full_tensor(t):
+    """A tensor as a whole: FSDP2's DTensor (a shard per rank) gathered from every rank, a plain
+    tensor as it is. A collective for a DTensor: every rank must call it."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def full_weights(model):
     """Yield (name, full tensor) over the FSDP2 state dict; a collective: every rank must iterate."""
     for name, tensor in model.state_dict().items():
-        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        yield name, full_tensor(tensor)
 
 
 def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, prune=True):

@@ -186,6 +186,17 @@ def derive_seed(*parts):
     return int.from_bytes(digest, "little") % (2**31 - 2**16)
 
 
+def _start_call(engine, prompts, n, max_new_tokens, temperature, top_p, seed):
+    """The start of either engine's generate: the arguments checked, the prompts' token ids, and
+    the call's seed (None: a fresh, reproducible stream per call that samples, from the engine's
+    seed)."""
+    _check_generate_args(prompts, n, max_new_tokens, temperature, top_p)
+    ids = _tokenize_prompts(engine.tokenizer, prompts, engine.max_model_len)
+    if seed is None and ids:
+        seed, engine.calls = derive_seed(engine.seed, "call", engine.calls), engine.calls + 1
+    return ids, seed
+
+
 def _check_generate_args(prompts, n, max_new_tokens, temperature, top_p):
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(f"prompts must be a list of strings or of token-id lists, got "
@@ -264,14 +275,12 @@ def chat_end_of_turn_id(tokenizer):
 
 
 def _hf_names(named_tensors, skip_lm_head):
-    """Yield (transformers name, full tensor); strips wrapper prefixes, drops a tied lm_head."""
+    """Yield (transformers name, tensor); strips wrapper prefixes, drops a tied lm_head."""
     for name, t in named_tensors:
         for prefix in ("_orig_mod.", "module."):  # torch.compile / DDP wrappers
             name = name.replace(prefix, "")
         if skip_lm_head and name == "lm_head.weight":
             continue
-        if hasattr(t, "full_tensor"):  # a DTensor shard from FSDP2: gather it
-            t = t.full_tensor()
         yield name, t.detach()
 
 
@@ -324,12 +333,9 @@ class VLLMEngine:
         a fresh, reproducible stream per call from the engine's seed.
         """
         from vllm import SamplingParams
-        _check_generate_args(prompts, n, max_new_tokens, temperature, top_p)
-        ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
+        ids, seed = _start_call(self, prompts, n, max_new_tokens, temperature, top_p, seed)
         if not ids:
             return []
-        if seed is None:  # a fresh, reproducible stream per call
-            seed, self.calls = derive_seed(self.seed, "call", self.calls), self.calls + 1
         params = [SamplingParams(
             n=n, temperature=temperature, top_p=top_p, seed=derive_seed(seed, i),
             max_tokens=min(max_new_tokens, self.max_model_len - len(p)),  # vLLM's name
@@ -355,8 +361,8 @@ class VLLMEngine:
     def update_weights(self, named_tensors):
         """Copy (transformers name, tensor) pairs into the live model; the next generate uses them.
 
-        Accepts a generator (buckets are fine) of full tensors; `lm_head.weight` is skipped when
-        the embeddings are tied. The prefix cache is reset, since its KV was computed by the old
+        Accepts a generator (buckets are fine) of full tensors (policy.full_weights gathers an
+        FSDP2 model's shards); `lm_head.weight` is skipped when the embeddings are tied. The prefix cache is reset, since its KV was computed by the old
         weights.
         """
         weights = _hf_names(named_tensors, self.tied)
@@ -445,12 +451,9 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order."""
-        _check_generate_args(prompts, n, max_new_tokens, temperature, top_p)
-        ids = _tokenize_prompts(self.tokenizer, prompts, self.max_model_len)
+        ids, seed = _start_call(self, prompts, n, max_new_tokens, temperature, top_p, seed)
         if not ids:
             return []
-        if seed is None:
-            seed, self.calls = derive_seed(self.seed, "call", self.calls), self.calls + 1
         rows = [p for p in ids for _ in range(n)]  # the n samples of a prompt are adjacent rows
         samples = []
         devices = [self.device] if self.device.type == "cuda" else []
@@ -498,7 +501,7 @@ class HFEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors):
-        """Copy (transformers name, tensor) pairs into the model in place."""
+        """Copy (transformers name, full tensor) pairs into the model in place."""
         for name, t in _hf_names(named_tensors, self.tied):
             p = self.params.get(name)
             if p is None:
