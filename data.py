@@ -208,6 +208,18 @@ SOURCES = {
               "9f098df7ff4522078d6ccec27a5c38a454790fdb51131bedfaa0e490070d5394",
               "question", _gsm8k_answer, ("idx",)),
 }
+# name -> SHA-256 of the converted file fetch writes: a file in out_dir with this digest is
+# up to date, and nothing is downloaded for it (the raw file need not be kept).
+CONVERTED_SHA256 = {
+    "math_train": "9fd74faeb4b99ccf2bfc89b79fe99456474215ed8e12a288dbbd2d8e7457a150",
+    "math500": "ae52846bb9d36419a12cfd43eb17fae28de7b18f69fbc7e3cb51ea4528bdb816",
+    "aime24": "b6a88929acdc4b124cf6be58c84572b40036db71e42e86cf1c98e1d8cd93e713",
+    "aime25": "ebb0a0a8a90ca1e9bdabd0bb1901645b63b47a6f5444dc8f1ad0e8bcbb8cc1c6",
+    "amc23": "985a2f3c8c3d24a0e17b4735cd6a7a48580a105fdc1ce8c010a81969c09388a0",
+    "minerva": "cc489d516808aab5236d412d321f5a2c529f99def38e8cf635214e2a590e9ce4",
+    "olympiadbench": "ed49c2ca9abd47afa95fde8266479ce9456a5c675463c07dbd63f011e6211d7f",
+    "gsm8k": "1281a30832d788fd63df93217a863406718d7be470bc069373211b508d344549",
+}
 FETCH_TIMEOUT_S, FETCH_TRIES = 30, 3
 
 
@@ -286,17 +298,25 @@ def _download(url, desc):
 def fetch(names, out_dir, mirror=GITHUB_RAW):
     """Write each dataset of `names` into `out_dir`, checked and converted; -> {name: rows}.
 
-    The raw file is taken from `<out_dir>/upstream/<repo>/<commit>/<path>` when it is there with the
-    pinned digest (put there by hand where the network cannot reach the source), else downloaded
-    from `<mirror>/<repo>/<commit>/<path>` and kept there. A converted file already in `out_dir` is
-    rewritten only if its content differs. Every file is written whole or not at all (a temporary
-    file renamed into place), so an error leaves nothing partial behind.
+    A converted file already in `out_dir` with its pinned digest (CONVERTED_SHA256) is up to date:
+    nothing is downloaded for it. Else the raw file is taken from
+    `<out_dir>/upstream/<repo>/<commit>/<path>` when it is there with the pinned digest (put there
+    by hand where the network cannot reach the source), or downloaded from
+    `<mirror>/<repo>/<commit>/<path>` and kept there. Every file is written whole or not at all (a
+    temporary file renamed into place), so an error leaves nothing partial behind.
     """
     import hashlib
     written = {}
     os.makedirs(out_dir, exist_ok=True)
     for name in names:
         file, repo, commit, path, digest = SOURCES[name][:5]
+        target = os.path.join(out_dir, file)
+        if os.path.isfile(target):
+            body = open(target, "rb").read()
+            if hashlib.sha256(body).hexdigest() == CONVERTED_SHA256[name]:
+                written[name] = [json.loads(line) for line in body.decode("utf-8").splitlines()]
+                print(f"{name}: {len(written[name])} rows (up to date) -> {target}", flush=True)
+                continue
         url = f"{mirror.rstrip('/')}/{repo}/{commit}/{path}"
         cached = os.path.join(out_dir, "upstream", repo, commit, path)
         raw = open(cached, "rb").read() if os.path.isfile(cached) else None
@@ -314,12 +334,8 @@ def fetch(names, out_dir, mirror=GITHUB_RAW):
             rows = convert(name, raw)  # a malformed row fails before anything is written
             _write_atomic(cached, raw)
         rows = convert(name, raw)
-        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-        target = os.path.join(out_dir, file)
-        same = os.path.isfile(target) and open(target, "rb").read() == body
-        if not same:
-            _write_atomic(target, body)
-        print(f"{name}: {len(rows)} rows {'(up to date) ' if same else ''}-> {target}", flush=True)
+        _write_atomic(target, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
+        print(f"{name}: {len(rows)} rows -> {target}", flush=True)
         written[name] = rows
     return written
 

@@ -79,6 +79,29 @@ def test_every_data_set_fetched_over_http_equals_the_reference_row_for_row(tmp_p
     assert stamps == {f: os.stat(out / f).st_mtime_ns for f in stamps}
 
 
+def test_a_converted_file_in_place_is_up_to_date_without_its_raw_file(tmp_path, serve):
+    """The converted files alone (copied from elsewhere, no upstream/ beside them): nothing is
+    downloaded, the server may be down. A file that differs by one byte is fetched again. And the
+    pinned digests of the converted files are what converting the pinned raw files gives."""
+    need_shared(UPSTREAM, DATA_DIR)
+    for name, (file, repo, commit, path) in ((n, s[:4]) for n, s in data.SOURCES.items()):
+        raw = open(os.path.join(UPSTREAM, repo, commit, path), "rb").read()
+        body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data.convert(name, raw))
+        assert hashlib.sha256(body.encode("utf-8")).hexdigest() == data.CONVERTED_SHA256[name], name
+    first = tmp_path / "first"
+    data.fetch(["aime24", "amc23"], str(first), mirror=serve(UPSTREAM))
+    out = tmp_path / "data"
+    out.mkdir()
+    for f in ("aime24.jsonl", "amc23.jsonl"):
+        shutil.copy(first / f, out / f)
+    got = data.fetch(["aime24", "amc23"], str(out), mirror="http://127.0.0.1:9")  # nothing listens
+    assert len(got["aime24"]) == 30 and len(got["amc23"]) == 40 and not (out / "upstream").exists()
+    (out / "amc23.jsonl").write_text((out / "amc23.jsonl").read_text().replace('"27"', '"28"', 1))
+    Quiet.hits.clear()
+    data.fetch(["aime24", "amc23"], str(out), mirror=serve(UPSTREAM))
+    assert len(Quiet.hits) == 1 and open(out / "amc23.jsonl", "rb").read() == open(first / "amc23.jsonl", "rb").read()
+
+
 def test_the_normalisations_of_the_converter():
     """The answer rules on rows written here: AIME leading zeros, AMC floats, GSM8K commas, the last
     balanced \\boxed of a Minerva solution, OlympiadBench's $...$ lists."""
