@@ -434,13 +434,15 @@ def test_training_evaluates_as_eval_py_does_on_any_number_of_ranks(setup, tmp_pa
     """train.py's held-out evaluation is eval.py's path: its eval/accuracy and pass@k at step 0 are
     the same on 1 and 2 ranks, and at step 1 equal eval.py's on the step-1 checkpoint with the
     run's settings (same chunks, seeds, judge). Before, each rank sampled its own share with its
-    own seed, so the numbers moved with the number of ranks."""
+    own seed, so the numbers moved with the number of ranks. With a format reward (a wrong boxed
+    answer earns 0.5), so that a judge reading the reward instead of the verdict would count more
+    right than eval.py does."""
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in PROBLEMS[:6]))
     base = dict(model=setup["ckpt"], train_data=str(held_out), eval_data=str(held_out),
                 prompt_template=TEMPLATE, steps=1, prompts_per_step=2, group_size=2, max_prompt_len=64,
                 max_new_tokens=24, temperature=1.0, top_p=1.0, eval_every=1, eval_n=4, lr=1e-3,
-                num_minibatches=1, log_samples_every=0, seed=0)
+                num_minibatches=1, log_samples_every=0, seed=0, format_reward=0.5)
     records = {}
     for nproc in (1, 2):
         out = tmp_path / f"run{nproc}"
