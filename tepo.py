@@ -419,11 +419,11 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
     `num_seqs` are the global counts of the whole mini-batch (all ranks and micro-batches), so
     the returned losses add up exactly across micro-batches.
 
-    Returns (loss, metrics). Every metric is likewise a token mean normalised by a global count,
+    Returns (loss, metrics), the metrics under their metrics.jsonl names (loss/, actor/,
+    mismatch/). Every metric is likewise a token mean normalised by a global count,
     `metric_tokens` (default `num_tokens`; e.g. the trained tokens when the caller leaves out
     sequences without gradient), so summing metrics over micro-batches and ranks gives the
-    mini-batch value -- except `ratio_min` and `ratio_max`, which reduce by min and max. See
-    `finish_metrics` for the covariance.
+    mini-batch value -- except those METRIC_REDUCE names, which reduce by min or max.
     """
     optional = dict(entropy=entropy, old_entropy=old_entropy, ref_logp=ref_logp,
                     rollout_logp=rollout_logp, cov_sel=cov_sel)
@@ -483,46 +483,32 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
             "loss/policy": pg_loss.detach(), "loss/kl_ref": kl_ref_loss.detach(),
             "loss/kl_mask": kl_mask_loss.detach(),
             # The pessimistic side of the clip: these tokens get no gradient.
-            "clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0) & clips).float()),
-            "clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0) & clips).float()),
-            "ratio_mean": token_sum(r),
+            "actor/clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0) & clips).float()),
+            "actor/clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0) & clips).float()),
+            "actor/ratio_mean": token_sum(r),
             "actor/ratio_clamped_frac": token_sum(clamped.double()),
-            "ratio_min": torch.where(mask > 0, r, big).min(),
-            "ratio_max": torch.where(mask > 0, r, -big).max(),
-            "kl_old": token_sum(kl_estimate(logp.detach(), old_logp, "k3")),
-            # Pieces of Cov(logp, A) over tokens; finish_metrics combines them.
-            "cov/logp_adv": token_sum(logp.detach() * A), "cov/logp": token_sum(logp.detach()),
-            "cov/adv": token_sum(A.expand_as(logp)),
+            "actor/ratio_min": torch.where(mask > 0, r, big).min(),
+            "actor/ratio_max": torch.where(mask > 0, r, -big).max(),
+            "actor/kl_old": token_sum(kl_estimate(logp.detach(), old_logp, "k3")),
         }
         if cfg.kl_mask:
-            metrics["kl_mask_frac"] = token_sum(kl_m)
+            metrics["actor/kl_mask_frac"] = token_sum(kl_m)
         if cfg.entropy_coef != 0:
             metrics["loss/entropy_bonus"] = entropy_loss.detach()
         if cfg.cov != "none":
             metrics["actor/cov_selected_frac"] = token_sum(cov_sel.bool().double())
         if ref_logp is not None:
-            metrics["kl_ref"] = token_sum(kl_estimate(logp.detach(), ref_logp, cfg.kl_kind))
-        if entropy is not None:
-            metrics["entropy"] = token_sum(entropy.detach())
-        if rollout_logp is not None:
-            metrics["mismatch"] = token_sum((rollout_logp - old_logp).abs())
-            if cfg.is_correction != "none":
-                metrics["mismatch/is_weight"] = token_sum(is_w)
-                if cfg.is_correction == "mask":
-                    metrics["mismatch/masked_frac"] = token_sum((is_w == 0).double())
+            metrics["actor/kl_ref"] = token_sum(kl_estimate(logp.detach(), ref_logp, cfg.kl_kind))
+        if cfg.is_correction != "none":
+            metrics["mismatch/is_weight"] = token_sum(is_w)
+            if cfg.is_correction == "mask":
+                metrics["mismatch/masked_frac"] = token_sum((is_w == 0).double())
     return loss, metrics
 
 
-def finish_metrics(summed):
-    """Turn summed micro-batch metrics into the logged ones: adds `cov_logp_adv`.
-
-    Cov(logp, A) over the batch's tokens drives the entropy change under policy gradient
-    (dH ~ -lr * Cov(log pi, A)): positive covariance means the policy is sharpening.
-    """
-    out = {k: float(v) for k, v in summed.items() if not k.startswith("cov/")}
-    if "cov/logp_adv" in summed:
-        out["cov_logp_adv"] = float(summed["cov/logp_adv"] - summed["cov/logp"] * summed["cov/adv"])
-    return out
+# How policy_loss's metrics combine over micro-batches and ranks: these by min or max, every other
+# one by its sum (each is normalised by a global count, so the sum is the mini-batch's value).
+METRIC_REDUCE = {"actor/ratio_min": "min", "actor/ratio_max": "max"}
 
 
 # ----------------------------------------------------------------------------- a model's log-probs

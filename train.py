@@ -3,17 +3,22 @@
     torchrun --nproc_per_node N train.py --config configs/demo.yaml [--set key=value ...] [--resume]
 
 Every rank holds a shard of the policy (FSDP2) and its own rollout engine (rollout.py), and samples
-its own share of the prompts. One RL step is five calls in `main`:
+its own share of the prompts. One RL step is five phases in `main`, each a function below, in
+this order, taking keyword arguments and returning a record or its metrics:
   1. sample_and_grade  P prompts (P / N per rank), G responses each; graded by reward.py, with
-                       DAPO's overlong shaping and dynamic sampling where configured
+                       DAPO's overlong shaping and dynamic sampling where configured -> Rollouts
   2. make_sequences    group advantages; one Sequence per response; `num_minibatches` mini-batches,
-                       dealt over the ranks by tokens (balance_ranks)
+     balance_ranks     dealt over the ranks by tokens
   3. old_logprobs      log-probs and entropy of the policy that sampled (no grad); reference's
   4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that
                        pack each prompt once and its responses into a token budget, the loss
                        normalised by counts summed over all ranks (Clip-Cov / KL-Cov: their
-                       tokens chosen first, over the whole mini-batch: select_cov)
-  5. sync_and_log      full weights from FSDP2 into the engine; metrics.jsonl; samples; checkpoint
+                       tokens chosen first, over the whole mini-batch: select_cov) -> Update
+  5. sync_weights      full weights from FSDP2 into the engine; then the step's record goes to
+                       metrics.jsonl (and the trackers), with the held-out evaluation when due;
+                       samples.jsonl and a checkpoint when due (save_or_stop)
+The ranks work in lock-step wherever the model runs (every forward and backward of an FSDP2 model
+is a collective): lockstep_forwards, global_counts and the metric reductions say so.
 Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
 TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
 """
@@ -37,8 +42,8 @@ from config import Config, UserError, config_dict, load_config  # noqa: F401  (t
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
 import eval as ev
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
-                    full_weights, load_policy, load_training_state, run_main, save_checkpoint,
-                    set_rng_states, setup_distributed)
+                    full_tensor, full_weights, load_policy, load_training_state, run_main,
+                    save_checkpoint, set_rng_states, setup_distributed)
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
@@ -54,6 +59,14 @@ class Group:
 
 
 @dataclass
+class Rollouts:
+    """Phase 1's result on this rank."""
+    groups: list             # [Group] to train on (DAPO: the informative ones, this rank's share)
+    drawn: list              # [Group] every group drawn, informative or not
+    metrics: dict            # reward/, response/, timing/rollout and /reward: over all ranks
+
+
+@dataclass
 class Sequence:
     """One response as the update sees it. Per-token tensors are (R,), R = len(resp); the old and
     reference values are filled in by exactly one pass each (old_logprobs, or the first
@@ -62,12 +75,39 @@ class Sequence:
     prompt: list             # prompt token ids
     resp: list               # response token ids (R,)
     adv: float               # A_i, broadcast over its tokens
-    train: bool              # carries a gradient: A != 0, or a KL-to-reference term reads it
+    in_loss: bool            # the update computes its loss: A != 0, or another term reads it
     rollout_logp: torch.Tensor               # (R,) the sampler's log-probs
     old_logp: torch.Tensor | None = None     # (R,) pi_old's, no grad
     old_entropy: torch.Tensor | None = None  # (R,) H_old
     ref_logp: torch.Tensor | None = None     # (R,) pi_ref's, when a KL term needs them
     cov_sel: torch.Tensor | None = None      # (R,) bool: Clip-Cov / KL-Cov's tokens (select_cov)
+
+
+@dataclass
+class Counts:
+    """One mini-batch's sizes summed over all ranks: the loss's denominators (global_counts)."""
+    tokens: int              # response tokens
+    seqs: int                # responses
+    trained: int             # response tokens of the sequences in the loss
+
+
+@dataclass
+class OptimizerStep:
+    """One mini-batch's optimizer step (clip_and_step)."""
+    grad_norm: float         # the global gradient norm before clipping
+    taken: bool              # False: the loss or gradient was not finite on some rank, so skipped
+
+
+@dataclass
+class Update:
+    """Phase 4's result."""
+    steps: list              # [OptimizerStep], one per mini-batch with trained tokens
+    metrics: dict            # actor/, loss/, mismatch/ (the update's), timing/update: over all ranks
+
+    @property
+    def changed(self):
+        """Whether the weights moved, so the engine needs them."""
+        return any(s.taken for s in self.steps)
 
 
 @dataclass
@@ -101,26 +141,30 @@ def main(argv=None):
     ap.add_argument("--overwrite", action="store_true",
                     help="start afresh in an out_dir that holds another run, deleting that run")
     args = ap.parse_args(argv)
-    run = setup(load_config(args.config, args.set), args.resume, args.overwrite)
-    cfg, state = run.cfg, run.state
-    if run.eval_rows and state.step == 0:
+    run = setup(load_config(args.config, args.set), resume=args.resume, overwrite=args.overwrite)
+    cfg = run.cfg
+    if run.eval_rows and run.state.step == 0:
         dropped = {"eval/dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
-        log(run, {"step": 0, **evaluate(run, 0), **dropped})
-    bar = tqdm(range(state.step, cfg.steps), disable=run.rank != 0, desc="RL", initial=state.step,
-               total=cfg.steps)
+        log(run, {"step": 0, **evaluate(run), **dropped})
+    bar = tqdm(range(run.state.step, cfg.steps), disable=run.rank != 0, desc="RL",
+               initial=run.state.step, total=cfg.steps)
     for step in bar:
-        t, t_step = {}, time.perf_counter()
-        groups, drawn, failed = sample_and_grade(run, step, t)       # 1
+        started = time.perf_counter()
+        rollouts = sample_and_grade(run, step=step)                                  # 1
         run.engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
-        t0 = time.perf_counter()
-        minibatches = balance_ranks(make_sequences(groups, cfg, run.rank))  # 2
-        old_logprobs(run, minibatches)                               # 3
-        t["old_logprobs"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        sums, stats, updated = update_policy(run, minibatches, step)  # 4
-        t["update"] = time.perf_counter() - t0
-        record = sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, updated,
-                              t, t_step)                             # 5
+        minibatches = balance_ranks(make_sequences(rollouts.groups, cfg=cfg, rank=run.rank))  # 2
+        old_pass = old_logprobs(run, minibatches=minibatches)                        # 3
+        update = update_policy(run, minibatches=minibatches, step=step)              # 4
+        synced = sync_weights(run, changed=update.changed)                           # 5
+        run.state.step = step + 1
+        record = {"step": step + 1, **rollouts.metrics, **old_policy_metrics(minibatches),
+                  **update.metrics, **old_pass, **synced, "timing/step": time.perf_counter() - started}
+        if run.eval_rows and (due(cfg.eval_every, step) or step + 1 == cfg.steps):
+            record.update(evaluate(run))
+        log(run, record)
+        if due(cfg.log_samples_every, step) or not all(s.taken for s in update.steps):
+            write_samples(run, step=step, groups=rollouts.drawn)  # a skipped update: its batch on record
+        save_or_stop(run, step=step)
         # kl_old (0 at the first mini-batch, theta = theta_old) and the sampler/trainer mismatch on
         # the bar: a dtype or kernel mismatch shows here in the first minute of a GPU run.
         bar.set_postfix(reward=f"{record['reward/mean']:.3f}", acc=f"{record['reward/accuracy']:.3f}",
@@ -132,7 +176,7 @@ def main(argv=None):
         tracker.close()
 
 
-def setup(cfg, resume, overwrite=False):
+def setup(cfg, *, resume, overwrite=False):
     """Join the process group; read the data; build policy, reference, optimizer and engine;
     restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir, which a fresh
     start shares with no other run (`overwrite` deletes one found there). -> Run"""
@@ -177,29 +221,29 @@ def setup(cfg, resume, overwrite=False):
     eval_rows = eval_rows[:cfg.eval_max_problems or None]
     for row in eval_rows:  # token ids as eval.py gives them to the engine
         row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
-    return Run(cfg, rank, world, device, tokenizer, model, ref_model, optimizer, engine,
-               reward.make_grader(cfg.reward), ev.make_judge(cfg.reward), rows, eval_rows, eval_dropped, state,
-               open_trackers(cfg, state.step, resumed=bool(ckpt)) if rank == 0 else [])
+    return Run(cfg=cfg, rank=rank, world=world, device=device, tokenizer=tokenizer, model=model,
+               ref_model=ref_model, optimizer=optimizer, engine=engine,
+               grader=reward.make_grader(cfg.reward), judge=ev.make_judge(cfg.reward), rows=rows,
+               eval_rows=eval_rows, eval_dropped=eval_dropped, state=state,
+               trackers=open_trackers(cfg, state.step, resumed=bool(ckpt)) if rank == 0 else [])
 
 
-# ----------------------------------------------------------------------------- one RL step
+# ----------------------------------------------------------------------------- 1. sample and grade
 
 
-def sample_and_grade(run, step, t):
-    """1. Sample G responses to each of this rank's P / N prompts, and grade them.
+def sample_and_grade(run, *, step):
+    """1. Sample G responses to each of this rank's P / N prompts, and grade them. A collective.
 
     DAPO's dynamic sampling keeps only groups whose answers are neither all right nor all wrong,
     and draws fresh prompts until the ranks together hold P such groups (or max_sampling_tries run
     out; then it trains on what there is); a rank with more than its share makes up for one with
-    fewer (share_out).
+    fewer (share_out). Advances state.data_pos by P per draw.
     A reward call that raises or runs over reward_timeout gives 0 and is counted; more than
-    max_reward_errors of them stop the run. Advances state.data_pos by P per draw; adds the seconds
-    of sampling and grading to t["rollout"] and t["reward"].
-    -> (groups to train on, every group drawn, {"errors", "timeouts"} over all ranks)
+    max_reward_errors of them stop the run (reward_failures). -> Rollouts
     """
     cfg, state = run.cfg, run.state
     groups, drawn, failed = [], [], {"errors": 0, "timeouts": 0}
-    t["rollout"] = t["reward"] = 0.0
+    seconds = {"rollout": 0.0, "reward": 0.0}
     for attempt in range(cfg.max_sampling_tries if cfg.dynamic_sampling else 1):
         prompts = take_prompts(run.rows, state.data_pos, cfg.prompts_per_step, cfg.seed)
         prompts = prompts[run.rank::run.world]
@@ -214,40 +258,121 @@ def sample_and_grade(run, step, t):
             graded = [guarded_reward(cfg, run.grader, s, row["answer"], failed) for s in samples]
             new.append(Group(row, samples, [g[0] for g in graded], [g[1] for g in graded]))
         groups, drawn = groups + new, drawn + new
-        t["rollout"] += t1 - t0
-        t["reward"] += time.perf_counter() - t1
+        seconds["rollout"] += t1 - t0
+        seconds["reward"] += time.perf_counter() - t1
         if not cfg.dynamic_sampling:
             break
         groups = informative_groups(groups)
-        have = all_ranks({f"rank{r}": len(groups) if r == run.rank else 0 for r in range(run.world)})
-        have = [int(have[f"rank{r}"]) for r in range(run.world)]
+        have = per_rank(run, len(groups))
         if sum(have) >= cfg.prompts_per_step:
             groups = groups[:share_out(have, cfg.prompts_per_step)[run.rank]]
             break
+    failures = reward_failures(run, step=step, failed=failed, drawn=drawn)
+    return Rollouts(groups, drawn, {**rollout_metrics(run, groups=groups, drawn=drawn, seconds=seconds),
+                                    **failures})
+
+
+def rollout_metrics(run, *, groups, drawn, seconds):
+    """The sampled batch's rewards, accuracy and lengths over all ranks (every group drawn), and the
+    seconds of sampling and grading (this rank's). A collective."""
+    samples = [(s, r, c) for g in drawn for s, r, c in zip(g.samples, g.rewards, g.correct)]
+    lens = [len(s.response_ids) for s, _, _ in samples]
+    tot = all_ranks({"reward": sum(r for _, r, _ in samples), "correct": sum(c for _, _, c in samples),
+                     "samples": len(samples), "tokens": sum(lens),
+                     "truncated": sum(s.finish_reason == "length" for s, _, _ in samples),
+                     "groups": len(groups), "drawn": len(drawn)})
+    longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
+    n = max(tot["samples"], 1)
+    metrics = {"reward/mean": tot["reward"] / n, "reward/accuracy": tot["correct"] / n,
+               "response/length_mean": tot["tokens"] / n, "response/length_max": longest,
+               "response/truncated_frac": tot["truncated"] / n,
+               "timing/rollout": seconds["rollout"], "timing/reward": seconds["reward"],
+               "timing/rollout_tokens_per_s": tot["tokens"] / max(seconds["rollout"], 1e-9)}
+    if run.cfg.dynamic_sampling:
+        metrics["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
+    return metrics
+
+
+def reward_failures(run, *, step, failed, drawn):
+    """Reward calls that raised or timed out, over all ranks; more than max_reward_errors of them
+    (a share of the calls) stop the run, naming the first. A collective.
+    -> {"reward/errors", "reward/timeouts"}"""
     n = all_ranks({"errors": failed["errors"], "timeouts": failed["timeouts"],
                    "rewards": sum(len(g.samples) for g in drawn)})
-    if n["errors"] + n["timeouts"] > cfg.max_reward_errors * n["rewards"]:
+    if n["errors"] + n["timeouts"] > run.cfg.max_reward_errors * n["rewards"]:
         firsts = [None] * run.world
         dist.all_gather_object(firsts, failed.get("first"))
         raise UserError(f"step {step + 1}: {n['errors']:.0f} reward calls raised and {n['timeouts']:.0f} "
-                        f"timed out of {n['rewards']:.0f} (max_reward_errors={cfg.max_reward_errors}); "
+                        f"timed out of {n['rewards']:.0f} (max_reward_errors={run.cfg.max_reward_errors}); "
                         f"first: {next(f for f in firsts if f)}")
-    return groups, drawn, {"errors": n["errors"], "timeouts": n["timeouts"]}
+    return {"reward/errors": n["errors"], "reward/timeouts": n["timeouts"]}
 
 
-def make_sequences(groups, cfg, rank=0):
+def shaped_reward(cfg, grader, sample, answer):
+    """-> (reward, correct). `correct` is the grader's verdict: its reward is 1.0 for a right answer
+    only (format_reward < 1), whatever the shaping adds. A wrong answer's reward gets wrong_reward
+    (DAPO: right +1, wrong -1); then DAPO's overlong shaping: a penalty growing linearly over the
+    last `overlong_buffer` tokens before max_new_tokens, -overlong_factor at max_new_tokens."""
+    r = grader(sample.text, answer, format_reward=cfg.format_reward,
+               no_answer_penalty=cfg.no_answer_penalty)
+    correct = r >= 1.0
+    if not correct:
+        r += cfg.wrong_reward
+    B, n = cfg.overlong_buffer, len(sample.response_ids)
+    penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
+    return r + penalty, correct
+
+
+def guarded_reward(cfg, grader, sample, answer, failed):
+    """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
+    (0.0, False) and is counted (guarded)."""
+    out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer),
+                         sample.text, failed)
+    return (0.0, False) if out is None else out
+
+
+def informative_groups(groups):
+    """DAPO's dynamic-sampling filter: the groups whose answers are neither all right nor all wrong.
+    Correctness, not the shaped reward: an overlong penalty or a format reward spreads the rewards
+    of a group that is all right (or all wrong) without telling a good answer from a bad one."""
+    return [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
+
+
+def per_rank(run, n):
+    """[every rank's n], the same list on every rank. A collective."""
+    have = all_ranks({f"rank{r}": n if r == run.rank else 0 for r in range(run.world)})
+    return [int(have[f"rank{r}"]) for r in range(run.world)]
+
+
+def share_out(have, total):
+    """How many of its groups each rank keeps so that they add up to `total` (<= sum(have)): one
+    slot per rank in turn, skipping ranks that have none left, so the kept groups stay spread over
+    the ranks. have: [groups on rank r] -> [kept on rank r]."""
+    keep = [0] * len(have)
+    while sum(keep) < total:
+        for r in range(len(have)):
+            if keep[r] < have[r] and sum(keep) < total:
+                keep[r] += 1
+    return keep
+
+
+# ----------------------------------------------------------------------------- 2. sequences
+
+
+def make_sequences(groups, *, cfg, rank=0):
     """2. Group advantages, one Sequence per response, in `num_minibatches` mini-batches.
 
-    A sequence with A = 0 carries no gradient, so the update skips it (train=False), unless some
-    other term of the loss reads it (LossConfig.every_response_in_loss). -> list of mini-batches, each a list of Sequence (this rank's
-    share of the global mini-batch: every rank's k-th list together; balance_ranks deals them anew)
+    A sequence with A = 0 carries no gradient, so the update leaves it out of the loss
+    (in_loss=False), unless some other term of the loss reads it (LossConfig.every_response_in_loss).
+    -> list of mini-batches, each a list of Sequence (this rank's share of the global mini-batch:
+    every rank's k-th list together; balance_ranks deals them anew)
     """
     seqs = []
     for gid, g in enumerate(groups):
         adv = tepo.group_advantages(torch.tensor(g.rewards), cfg.group_size, cfg.loss_cfg.adv_std_norm)
         for s, a in zip(g.samples, adv.tolist()):
             seqs.append(Sequence((rank, gid), s.prompt_ids, s.response_ids, a,
-                                 train=a != 0 or cfg.loss_cfg.every_response_in_loss,
+                                 in_loss=a != 0 or cfg.loss_cfg.every_response_in_loss,
                                  rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32)))
     return [[seqs[i] for i in idx] for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
 
@@ -288,187 +413,194 @@ def deal(parts):
     return out
 
 
-@torch.no_grad()
-def old_logprobs(run, minibatches):
-    """3. Fill old_logp and old_entropy (pi_old = the weights that sampled), and ref_logp where a
-    KL term reads pi_ref, with no grad.
+# ----------------------------------------------------------------------------- 3. the old policy
 
-    Left out: the first mini-batch's trained sequences, whose old values the update takes from its
-    own first forward (`keep_as_old`). Sequences the update skips (A = 0) get them only for the
-    batch metrics, unless full_batch_metrics is off.
+
+@torch.no_grad()
+def old_logprobs(run, *, minibatches):
+    """3. Fill old_logp and old_entropy (pi_old = the weights that sampled), and ref_logp where a
+    KL term reads pi_ref, with no grad. A collective. -> {"timing/old_logprobs": seconds}
+
+    Left out: the first mini-batch's sequences in the loss, whose old values the update takes from
+    its own first forward (keep_as_old: one forward pass saved). Sequences out of the loss (A = 0)
+    get them only for the batch metrics (old_policy_metrics), unless full_batch_metrics is off.
     """
-    cfg = run.cfg
-    need_old = [s for k, mb in enumerate(minibatches) for s in mb
-                if (k > 0 and s.train) or (not s.train and cfg.full_batch_metrics)]
-    for mb, _, logp, ent in lockstep_forwards(run.model, need_old, cfg, run.device, True):
+    t0, cfg = time.perf_counter(), run.cfg
+    from_update = {id(s) for s in minibatches[0] if s.in_loss}
+    need_old = [s for mb in minibatches for s in mb
+                if (s.in_loss or cfg.full_batch_metrics) and id(s) not in from_update]
+    for mb, _, logp, ent in lockstep_forwards(run.model, need_old, cfg=cfg, device=run.device,
+                                              with_entropy=True):
         for b, s in enumerate(mb):
             s.old_logp, s.old_entropy = logp[b, :len(s.resp)], ent[b, :len(s.resp)]
     if run.ref_model is not None:
-        trained = [s for mb in minibatches for s in mb if s.train]
-        for mb, _, logp, _ in lockstep_forwards(run.ref_model, trained, cfg, run.device, False):
+        in_loss = [s for mb in minibatches for s in mb if s.in_loss]
+        for mb, _, logp, _ in lockstep_forwards(run.ref_model, in_loss, cfg=cfg, device=run.device,
+                                                with_entropy=False):
             for b, s in enumerate(mb):
                 s.ref_logp = logp[b, :len(s.resp)]
+    return {"timing/old_logprobs": time.perf_counter() - t0}
 
 
-def update_policy(run, minibatches, step):
+def keep_as_old(mb, batch, logp, entropy):
+    """Take the first mini-batch's own forward as its old pass.
+
+    Before the step's first optimizer step theta = theta_old, so the log-probs this forward
+    computes (detached) are exactly pi_old's: old_logprobs leaves these sequences out, one forward
+    pass saved. logp, entropy: (b, R)."""
+    logp, entropy = logp.detach(), entropy.detach()  # (entropy carries a grad for a bonus)
+    batch["old_logp"], batch["old_entropy"] = logp, entropy
+    for b, s in enumerate(mb):
+        s.old_logp, s.old_entropy = logp[b, :len(s.resp)], entropy[b, :len(s.resp)]
+
+
+# ----------------------------------------------------------------------------- 4. the update
+
+
+def update_policy(run, *, minibatches, step):
     """4. One optimizer step per mini-batch: gradients accumulated over its micro-batches, each
     micro-batch's loss normalised by the mini-batch's counts over all ranks (so they add up to the
-    mini-batch's loss), the global gradient norm clipped, and the step skipped (not taken) when the
-    loss or the gradient is not finite on some rank.
-    -> (metric sums over micro-batches, [(loss, grad norm, taken)] per optimizer step, any taken)
+    mini-batch's loss), then clip_and_step. A collective. -> Update
     """
-    cfg, model, optimizer = run.cfg, run.model, run.optimizer
-    counts = global_counts(minibatches)
-    for group in optimizer.param_groups:
+    t0, cfg = time.perf_counter(), run.cfg
+    for group in run.optimizer.param_groups:
         group["lr"] = lr_at(cfg, step)
-    sums, stats, updated = {}, [], False
-    n_trained = int(sum(n["trained_tokens"] for n in counts))  # over all mini-batches and ranks
-    top = torch.zeros(0, device=run.device)  # this rank's largest |log r| so far: the 99.9% tail
-    cov = cfg.loss_cfg.cov != "none"  # Clip-Cov / KL-Cov: a selection of tokens per mini-batch
-    for k, (mb_seqs, n) in enumerate(zip(minibatches, counts)):
-        if n["trained_tokens"] == 0:
+    counts = global_counts(minibatches)
+    n_trained = int(sum(n.trained for n in counts))  # over all mini-batches and ranks
+    sums, steps = {}, []
+    top = torch.zeros(0, device=run.device)  # this rank's largest |log r| so far (log_ratio_tail)
+    for k, (seqs, n) in enumerate(zip(minibatches, counts)):
+        if n.trained == 0:
             continue  # no sequence of this mini-batch carries a gradient: no optimizer step
-        optimizer.zero_grad(set_to_none=True)
+        run.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
-        trained = [s for s in mb_seqs if s.train]
+        in_loss = [s for s in seqs if s.in_loss]
         keys = torch.Generator().manual_seed(rollout.derive_seed(cfg.seed, step, k, run.rank))
-        if cov and cfg.loss_cfg.cov_batch == "minibatch":
-            select_cov(run, trained, n["trained_tokens"], keys)
-        for mb, batch, logp, ent in lockstep_forwards(model, trained, cfg, run.device, True, grad=True):
+        if cfg.loss_cfg.cov != "none" and cfg.loss_cfg.cov_batch == "minibatch":
+            select_cov(run, in_loss, num_tokens=n.trained, keys=keys)
+        for mb, batch, logp, ent in lockstep_forwards(run.model, in_loss, cfg=cfg, device=run.device,
+                                                      with_entropy=True, grad=True):
             if k == 0:
                 keep_as_old(mb, batch, logp, ent)
-            if cov and cfg.loss_cfg.cov_batch == "microbatch":  # verl's: within the micro-batch
-                batch["cov_sel"] = tepo.cov_select(logp, batch["old_logp"], batch["adv"], batch["mask"],
-                                                   cfg.loss_cfg, cov_keys(batch["mask"].shape, keys))
-            loss, m = tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"],
-                                       cfg.loss_cfg, num_tokens=n["tokens"], num_seqs=n["seqs"],
-                                       metric_tokens=n["trained_tokens"], entropy=ent,
-                                       old_entropy=batch["old_entropy"],
-                                       ref_logp=batch.get("ref_logp"),
-                                       rollout_logp=batch["rollout_logp"],
-                                       cov_sel=batch.get("cov_sel"))
+            loss, metrics = micro_batch_loss(cfg, batch, logp, ent, counts=n, keys=keys)
             loss.backward()
             loss_sum += loss.item()
-            add_metrics(sums, m)
+            add_metrics(sums, metrics)
             top = keep_largest(top, (logp.detach() - batch["old_logp"]).abs()[batch["mask"] > 0],
-                               tail_size(n_trained, 0.999))
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        loss_finite = all_ranks({"finite": math.isfinite(loss_sum)}, "min")["finite"]
-        taken = math.isfinite(grad_norm) and bool(loss_finite)
-        if taken:
-            optimizer.step()
-            updated, run.state.bad_in_a_row = True, 0
-        else:  # a non-finite update is not taken: the weights stay as they are
-            run.state.skipped += 1
-            run.state.bad_in_a_row += 1
-        stats.append((loss_sum, grad_norm, taken))
-    optimizer.zero_grad(set_to_none=True)
-    if n_trained:  # the same on every rank: METRIC_REDUCE's "max" leaves them as they are
-        sums["actor/log_ratio_max"], sums["actor/log_ratio_p999"] = global_tail(top, n_trained, 0.999)
-    return sums, stats, updated
+                               tail_size(n_trained, TAIL_Q))
+        steps.append(clip_and_step(run, loss_sum))
+    run.optimizer.zero_grad(set_to_none=True)
+    metrics = update_metrics(run, sums=sums, steps=steps, step=step)
+    if n_trained:  # the same on every rank
+        metrics.update(log_ratio_tail(top, n_trained))
+    metrics["timing/update"] = time.perf_counter() - t0
+    return Update(steps, metrics)
 
 
-def sync_and_log(run, step, groups, drawn, failed, minibatches, sums, stats, updated, t, t_step):
-    """5. Send the new weights to the engine (if any optimizer step was taken), log the step's
-    metrics (and the held-out accuracy when due), write sample responses, save a checkpoint when
-    due; stop the run after more than max_bad_steps non-finite updates in a row. -> the record"""
-    cfg, state = run.cfg, run.state
-    t0 = time.perf_counter()
-    if run.device.type == "cuda":  # vLLM's wake-up allocates outside PyTorch's caching allocator:
-        torch.cuda.empty_cache()   # hand it the update's cached blocks
-    run.engine.wake()
-    if updated:
-        run.engine.update_weights(full_weights(run.model))
-    t["sync"] = time.perf_counter() - t0
-    state.step = step + 1
-    record = step_metrics(run, step, drawn, groups, [s for mb in minibatches for s in mb], sums,
-                          stats, t, time.perf_counter() - t_step)
-    record["reward/errors"], record["reward/timeouts"] = failed["errors"], failed["timeouts"]
-    last = step + 1 == cfg.steps
-    if run.eval_rows and (due(cfg.eval_every, step) or last):
-        record.update(evaluate(run, step + 1))
-    log(run, record)
-    skipped = not all(taken for _, _, taken in stats)  # a skipped update: its batch goes on record
-    if run.rank == 0 and (due(cfg.log_samples_every, step) or skipped):
-        rows = [{"step": step + 1, "prompt": g.row["prompt"], "answer": g.row["answer"],
-                 "response": s.text, "reward": r}
-                for g in drawn[:2] for s, r in zip(g.samples[:2], g.rewards)]
-        with open(os.path.join(cfg.out_dir, "samples.jsonl"), "a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        for tracker in run.trackers:
-            tracker.samples(step + 1, rows)
-    # Too many non-finite updates in a row: save this step's state as it is (the bad updates
-    # were skipped, so the weights are finite) without pruning older checkpoints, and stop.
-    stop = state.bad_in_a_row > cfg.max_bad_steps
-    if stop or due(cfg.save_every, step) or last:
-        path = save_checkpoint(cfg, run.model, run.optimizer, run.tokenizer, state, run.rank,
-                               last=last and not stop, prune=not stop)
-    if stop:
-        raise RuntimeError(f"{state.bad_in_a_row} optimizer steps in a row had a non-finite "
-                           f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped after "
-                           f"step {step + 1}, saved in {path} (older checkpoints kept)")
-    return record
+def micro_batch_loss(cfg, batch, logp, entropy, *, counts, keys):
+    """tepo.policy_loss of one micro-batch (a collated batch, logp and entropy (b, R)), normalised
+    by its mini-batch's Counts; Clip-Cov / KL-Cov with cov_batch "microbatch" choose their tokens
+    here, within it, as verl does (`keys`: the mini-batch's random keys). -> (loss, metrics)"""
+    lcfg = cfg.loss_cfg
+    if lcfg.cov != "none" and lcfg.cov_batch == "microbatch":
+        batch["cov_sel"] = tepo.cov_select(logp, batch["old_logp"], batch["adv"], batch["mask"],
+                                           lcfg, cov_keys(batch["mask"].shape, keys))
+    return tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], lcfg,
+                            num_tokens=counts.tokens, num_seqs=counts.seqs,
+                            metric_tokens=counts.trained, entropy=entropy,
+                            old_entropy=batch["old_entropy"], ref_logp=batch.get("ref_logp"),
+                            rollout_logp=batch["rollout_logp"], cov_sel=batch.get("cov_sel"))
 
 
-# ----------------------------------------------------------------------------- ranks in lock-step
+def clip_and_step(run, loss_sum):
+    """Clip the gradient's global norm at grad_clip and take the optimizer step; unless the loss
+    (`loss_sum`, this rank's) or the gradient is not finite on some rank: then the step is skipped
+    and the weights stay as they are (counted in state.skipped and state.bad_in_a_row;
+    save_or_stop ends a run of too many). A collective. -> OptimizerStep"""
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.grad_clip)
+    grad_norm = float(full_tensor(grad_norm))
+    loss_finite = all_ranks({"finite": math.isfinite(loss_sum)}, "min")["finite"]
+    taken = math.isfinite(grad_norm) and bool(loss_finite)
+    if taken:
+        run.optimizer.step()
+        run.state.bad_in_a_row = 0
+    else:
+        run.state.skipped += 1
+        run.state.bad_in_a_row += 1
+    return OptimizerStep(grad_norm, taken)
 
 
-def global_counts(minibatches):
-    """Per mini-batch, its response tokens, sequences and trained tokens summed over all ranks:
-    the loss's denominators, so that it does not depend on how the batch is split. A collective."""
-    local = {}
-    for k, mb in enumerate(minibatches):
-        local.update({f"{k}/tokens": sum(len(s.resp) for s in mb), f"{k}/seqs": len(mb),
-                      f"{k}/trained_tokens": sum(len(s.resp) for s in mb if s.train)})
-    total = all_ranks(local)
-    return [{key: total[f"{k}/{key}"] for key in ("tokens", "seqs", "trained_tokens")}
-            for k in range(len(minibatches))]
+def add_metrics(sums, metrics):
+    """Fold one micro-batch's metrics (tepo.policy_loss's, 0-d tensors) into `sums`: by min or
+    max where tepo.METRIC_REDUCE says so, else added up."""
+    for key, v in metrics.items():
+        op = tepo.METRIC_REDUCE.get(key, "sum")
+        sums[key] = sums.get(key, 0.0) + v if op == "sum" else (min if op == "min" else max)(sums.get(key, v), v)
 
 
-def lockstep_forwards(model, seqs, cfg, device, with_entropy, grad=False):
-    """Yield (micro-batch, collated batch, logp (b, R), entropy (b, R) or None) for `seqs`, in
-    micro-batches of about cfg.micro_batch_tokens tokens (micro_batches; cfg.micro_batch_layout).
-    A collective.
-
-    Why lock-step: every forward of an FSDP2 model all-gathers its weights with the other ranks,
-    and every backward reduce-scatters the gradients, so all ranks must make the same number of
-    calls whatever their share of the work. After its own micro-batches a rank makes one-token
-    dummy calls (contributing nothing) until it has made as many as the busiest rank. With `grad`,
-    the caller runs each yielded batch's backward before asking for the next.
-    """
-    layout, rows = cfg.micro_batch_layout, cfg.activation_checkpointing  # rows: HF keeps no cache
-    mbs = micro_batches(seqs, cfg.micro_batch_tokens, layout)
-    busiest = int(all_ranks({"n": len(mbs)}, "max")["n"])
-    for mb in mbs:
-        batch = collate(mb, device, layout, rows)
-        with torch.set_grad_enabled(grad):
-            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy)
-        yield mb, batch, logp, ent
-    for _ in range(busiest - len(mbs)):
-        dummy_forward(model, grad, layout, rows)
+def update_metrics(run, *, sums, steps, step):
+    """The update's metrics over all ranks: tepo.policy_loss's, each combined by its rule
+    (tepo.METRIC_REDUCE, else a sum) and averaged over the optimizer steps; and the steps' own
+    (count, mean gradient norm, lr, skipped in all). A collective."""
+    key_sets = [None] * run.world  # a rank that trained on nothing has no keys: gather them
+    dist.all_gather_object(key_sets, sorted(sums))
+    keys = sorted(set().union(*key_sets))
+    fill = {"actor/ratio_min": math.inf, "actor/ratio_max": -math.inf}
+    local = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}
+    over_ranks = {"sum": all_ranks(local), "min": all_ranks(local, "min"), "max": all_ranks(local, "max")}
+    n = max(len(steps), 1)
+    metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k] / n
+               for k in keys}
+    metrics.update({"actor/optimizer_steps": len(steps),
+                    "actor/grad_norm": sum(s.grad_norm for s in steps) / n,
+                    "actor/lr": lr_at(run.cfg, step), "actor/skipped_updates": run.state.skipped})
+    return metrics
 
 
-def dummy_forward(model, backward, layout, rows):
-    """The calls of a one-token micro-batch in `layout`, contributing nothing: see
-    `lockstep_forwards`."""
-    device = next(model.parameters()).device
-    one = Sequence((0, 0), [0], [0], 0.0, False, torch.zeros(1))
-    with torch.set_grad_enabled(backward):
-        logp, _ = tepo.response_logprobs(model, collate([one], device, layout, rows), 1.0, False)
-    if backward:
-        logp.sum().mul(0.0).backward()
+# The tail of the per-token |log pi/pi_old| over a step's trained tokens (every mini-batch's
+# forward): its max and 99.9th percentile show an abrupt update that a mean hides. Exact without
+# gathering every token: the q-quantile lies among the tail_size largest values overall, and these
+# are among the union of every rank's tail_size largest.
+TAIL_Q = 0.999
+
+
+def tail_size(n, q):
+    """How many of the largest of n values reach down to their q-quantile (nearest rank: the
+    ceil(q n)-th smallest, numpy's method="inverted_cdf")."""
+    return n - math.ceil(round(q * n, 9)) + 1
+
+
+def keep_largest(top, values, k):
+    """The k largest of `top` and `values` (1-D tensors)."""
+    both = torch.cat([top, values.float()])
+    return torch.topk(both, min(k, len(both))).values
+
+
+def global_tail(top, n, q):
+    """(max, q-quantile) of n values spread over the ranks, from each rank's tail_size(n, q)
+    largest (`top`). A collective."""
+    tops = [None] * dist.get_world_size()
+    dist.all_gather_object(tops, top.tolist())
+    union = sorted((v for t in tops for v in t), reverse=True)
+    return union[0], union[tail_size(n, q) - 1]
+
+
+def log_ratio_tail(top, n):
+    """actor/log_ratio_max and actor/log_ratio_p999 of the step's n trained tokens. A collective."""
+    largest, p999 = global_tail(top, n, TAIL_Q)
+    return {"actor/log_ratio_max": largest, "actor/log_ratio_p999": p999}
 
 
 @torch.no_grad()
-def select_cov(run, seqs, num_tokens, keys):
+def select_cov(run, seqs, *, num_tokens, keys):
     """Clip-Cov / KL-Cov's tokens of one mini-batch (s.cov_sel), chosen over all its trained
     tokens on all ranks (`cov_batch: minibatch`), so the choice does not depend on how the batch
     is cut: the policy's current log-probs from a forward without grad (the cost of these methods:
     one more forward pass per step), then choose_cov. `num_tokens`: the mini-batch's trained
     tokens over all ranks; `keys`: this rank's generator of the random keys. A collective."""
     current = {}
-    for mb, _, logp, _ in lockstep_forwards(run.model, seqs, run.cfg, run.device, False):
+    for mb, _, logp, _ in lockstep_forwards(run.model, seqs, cfg=run.cfg, device=run.device,
+                                            with_entropy=False):
         for b, s in enumerate(mb):
             current[id(s)] = logp[b, :len(s.resp)].cpu()
     # The first mini-batch has no old log-probs yet (keep_as_old): there theta = theta_old, r = 1.
@@ -508,83 +640,195 @@ def cov_keys(shape, generator):
     return torch.rand(shape, generator=generator, dtype=torch.float64)
 
 
-def keep_as_old(mb, batch, logp, entropy):
-    """Take the first mini-batch's own forward as its old pass.
-
-    Before the step's first optimizer step theta = theta_old, so the log-probs this forward
-    computes (detached) are exactly pi_old's: old_logprobs leaves these sequences out, one forward
-    pass saved. logp, entropy: (b, R)."""
-    logp, entropy = logp.detach(), entropy.detach()  # (entropy carries a grad for a bonus)
-    batch["old_logp"], batch["old_entropy"] = logp, entropy
-    for b, s in enumerate(mb):
-        s.old_logp, s.old_entropy = logp[b, :len(s.resp)], entropy[b, :len(s.resp)]
+# ----------------------------------------------------------------------------- 5. sync and log
 
 
-# metrics.jsonl's names are grouped, as verl's and TRL's users read them: reward/, response/,
-# actor/, mismatch/, timing/, eval/ (and tepo's loss/). The flat names on the left are tepo.py's
-# and older metrics.jsonl files' (bench/same_trajectory.py maps those); a name with a "/" is
-# grouped already and is kept.
-METRIC_NAMES = {
-    "reward": "reward/mean", "accuracy": "reward/accuracy", "groups_kept": "reward/groups_kept",
-    "response_len": "response/length_mean", "response_len_max": "response/length_max",
-    "truncated": "response/truncated_frac",
-    "entropy": "actor/entropy", "cov_logp_adv": "actor/cov_logp_adv", "kl_old": "actor/kl_old",
-    "kl_ref": "actor/kl_ref", "kl_mask_frac": "actor/kl_mask_frac",
-    "clip_frac_low": "actor/clip_frac_low", "clip_frac_high": "actor/clip_frac_high",
-    "ratio_mean": "actor/ratio_mean", "ratio_min": "actor/ratio_min", "ratio_max": "actor/ratio_max",
-    "grad_norm": "actor/grad_norm", "lr": "actor/lr", "optimizer_steps": "actor/optimizer_steps",
-    "skipped_updates": "actor/skipped_updates",
-    "mismatch": "mismatch/abs_mean", "tis_weight": "mismatch/tis_weight",
-    "tokens_per_s": "timing/rollout_tokens_per_s",  # and time/<phase> -> timing/<phase>
-    "eval_accuracy": "eval/accuracy", "eval_dropped_long_prompts": "eval/dropped_long_prompts",
-}
+def sync_weights(run, *, changed):
+    """5. Wake the engine and, if an optimizer step was taken (`changed`), send it the new weights,
+    gathered whole from FSDP2's shards. A collective. -> {"timing/sync": seconds}"""
+    t0 = time.perf_counter()
+    if run.device.type == "cuda":  # vLLM's wake-up allocates outside PyTorch's caching allocator:
+        torch.cuda.empty_cache()   # hand it the update's cached blocks
+    run.engine.wake()
+    if changed:
+        run.engine.update_weights(full_weights(run.model))
+    return {"timing/sync": time.perf_counter() - t0}
 
 
-def metric_name(key):
-    """The metrics.jsonl name of a metric: grouped by METRIC_NAMES; a name with a "/" is kept."""
-    return key if "/" in key else METRIC_NAMES.get(key, key)
+def old_policy_metrics(minibatches):
+    """The batch at theta_old, over every response token (or those in the loss: full_batch_metrics):
+    entropy, Cov(log pi, A), and the sampler/trainer mismatch: mean |log pi_rollout - log pi_old|,
+    KL(pi_rollout || pi_old) by k3 (the tokens are the sampler's), the largest per-token
+    pi_old / pi_rollout (what an importance weight would be); null when there are none. Read after
+    the update, whose first forward gives the first mini-batch its old values (keep_as_old).
+    A collective.
+
+    Cov(log pi, A) drives the entropy's change under policy gradient (dH ~ -lr Cov(log pi, A)):
+    a positive covariance is a policy sharpening."""
+    seqs = [s for mb in minibatches for s in mb if s.old_logp is not None]
+    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "mismatch_kl", "n"], 0.0)
+    log_w_max = -math.inf
+    if seqs:
+        cat = lambda key: torch.cat([getattr(s, key).detach().cpu().double() for s in seqs])  # noqa: E731
+        lp, adv = cat("old_logp"), torch.cat([torch.full((len(s.resp),), s.adv) for s in seqs])
+        rollout_lp = cat("rollout_logp")
+        local = {"entropy": cat("old_entropy").sum(), "logp_adv": (lp * adv).sum(), "logp": lp.sum(),
+                 "adv": adv.sum(), "mismatch": (rollout_lp - lp).abs().sum(),
+                 "mismatch_kl": tepo.kl_estimate(rollout_lp, lp, "k3").sum(), "n": len(lp)}
+        log_w_max = (lp - rollout_lp).max().item()
+    tok = all_ranks(local)
+    log_w_max = all_ranks({"w": log_w_max}, "max")["w"]
+    n_tok = tok["n"] or math.nan
+    metrics = {
+        "actor/entropy": tok["entropy"] / n_tok, "mismatch/abs_mean": tok["mismatch"] / n_tok,
+        "mismatch/kl": tok["mismatch_kl"] / n_tok,
+        "mismatch/ratio_max": math.exp(min(log_w_max, 700)) if tok["n"] else math.nan,
+        "actor/cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)}
+    return {k: None if math.isnan(v) else v for k, v in metrics.items()}
 
 
-# How each update metric combines over micro-batches and ranks; every other one adds up (they are
-# normalised by global counts), then is averaged over the step's optimizer steps.
-METRIC_REDUCE = {"actor/ratio_min": "min", "actor/ratio_max": "max", "actor/log_ratio_max": "max",
-                 "actor/log_ratio_p999": "max"}
+def evaluate(run):
+    """Held-out accuracy over all ranks, by eval.py's path (eval.sample_benchmark: fixed chunks of
+    problems, each sampled by one call seeded from (seed, the file's name, chunk), dealt to the
+    ranks round-robin, graded by eval.make_judge), so the numbers do not depend on the number of
+    ranks and equal `eval.py --ckpt <the step's checkpoint> --data <eval_data> -n eval_n
+    --temperature T --top-p P --max-new-tokens M --seed <seed>`. A collective.
+    -> {"eval/accuracy": the mean correctness of the eval_n samples per problem (= pass@1),
+    "eval/pass@k": unbiased pass@k averaged over problems, k = 1, 2, 4, ... <= eval_n}. pass@k
+    falling while pass@1 rises is a policy collapsing onto fewer answers. A grading call that
+    raises or runs over reward_timeout counts as wrong, is printed, and is on record as
+    "eval/grader_failures" (only then): an evaluation never stops a run."""
+    cfg, rows = run.cfg, run.eval_rows
+    ks = [2 ** i for i in range(cfg.eval_n.bit_length()) if 2 ** i <= cfg.eval_n]
+    records = ev.sample_benchmark(
+        run.engine, eval_name(cfg), rows, [r["prompt_ids"] for r in rows], n=cfg.eval_n,
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        seed=cfg.seed, chunk_size=math.ceil(ev.SEQS_PER_CALL / cfg.eval_n), ks=ks, judge=run.judge,
+        reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world)
+    samples = [s for r in records for s in r["samples"]]
+    total = all_ranks({"correct": sum(s["correct"] for s in samples), "problems": len(records),
+                       "failed": sum(s.get("grader_failed", False) for s in samples),
+                       **{f"pass@{k}": sum(r["metrics"][f"pass@{k}"] for r in records) for k in ks}})
+    n = max(total["problems"], 1)
+    out = {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
+           **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
+    if total["failed"]:  # on record only where it happened, as a fault
+        out["eval/grader_failures"] = total["failed"]
+    return out
 
 
-# The tail of the per-token |log pi/pi_old| over a step's trained tokens (every mini-batch's
-# forward): its max and 99.9th percentile show an abrupt update that a mean hides. Exact without
-# gathering every token: the q-quantile lies among the tail_size largest values overall, and these
-# are among the union of every rank's tail_size largest.
-
-def tail_size(n, q):
-    """How many of the largest of n values reach down to their q-quantile (nearest rank: the
-    ceil(q n)-th smallest, numpy's method="inverted_cdf")."""
-    return n - math.ceil(round(q * n, 9)) + 1
+def eval_name(cfg):
+    """The held-out benchmark's name, as eval.py names a --data file: its stem (part of the seeds)."""
+    return os.path.splitext(os.path.basename(cfg.eval_data))[0]
 
 
-def keep_largest(top, values, k):
-    """The k largest of `top` and `values` (1-D tensors)."""
-    both = torch.cat([top, values.float()])
-    return torch.topk(both, min(k, len(both))).values
+def log(run, record):
+    """Append one record to out_dir/metrics.jsonl, and send it to the trackers (rank 0)."""
+    if run.rank == 0:
+        with open(os.path.join(run.cfg.out_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        for tracker in run.trackers:
+            tracker.log(record)
 
 
-def global_tail(top, n, q):
-    """(max, q-quantile) of n values spread over the ranks, from each rank's tail_size(n, q)
-    largest (`top`). A collective."""
-    tops = [None] * dist.get_world_size()
-    dist.all_gather_object(tops, top.tolist())
-    union = sorted((v for t in tops for v in t), reverse=True)
-    return union[0], union[tail_size(n, q) - 1]
+def write_samples(run, *, step, groups):
+    """Two responses of each of the first two groups to out_dir/samples.jsonl and the trackers: a
+    look at what the policy writes (rank 0)."""
+    if run.rank != 0:
+        return
+    rows = [{"step": step + 1, "prompt": g.row["prompt"], "answer": g.row["answer"],
+             "response": s.text, "reward": r}
+            for g in groups[:2] for s, r in zip(g.samples[:2], g.rewards)]
+    with open(os.path.join(run.cfg.out_dir, "samples.jsonl"), "a") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+    for tracker in run.trackers:
+        tracker.samples(step + 1, rows)
 
 
-def add_metrics(sums, metrics):
-    """Fold one micro-batch's metrics (0-d tensors, tepo.policy_loss's) into `sums` under their
-    metrics.jsonl names (metric_name), by METRIC_REDUCE's rule."""
-    for key, v in metrics.items():
-        key = metric_name(key)
-        op = METRIC_REDUCE.get(key, "sum")
-        sums[key] = (min if op == "min" else max)(sums.get(key, v), v) if op != "sum" \
-            else sums.get(key, 0.0) + v
+def save_or_stop(run, *, step):
+    """Save a checkpoint when due (every save_every steps, and after the last). After more than
+    max_bad_steps non-finite updates in a row, save this step's state as it is (the bad updates
+    were skipped, so the weights are finite) without pruning older checkpoints, and stop. A
+    collective when it saves."""
+    cfg, state = run.cfg, run.state
+    last = step + 1 == cfg.steps
+    stop = state.bad_in_a_row > cfg.max_bad_steps
+    if stop or due(cfg.save_every, step) or last:
+        path = save_checkpoint(cfg, run.model, run.optimizer, run.tokenizer, state, run.rank,
+                               last=last and not stop, prune=not stop)
+    if stop:
+        raise RuntimeError(f"{state.bad_in_a_row} optimizer steps in a row had a non-finite "
+                           f"loss or gradient (max_bad_steps={cfg.max_bad_steps}); stopped after "
+                           f"step {step + 1}, saved in {path} (older checkpoints kept)")
+
+
+def cut_back_log(path, step):
+    """Keep the lines of a JSONL log up to `step` (a resumed run logs the later ones again; None:
+    none, a fresh start). A line cut off by a kill or a full disk mid-write is dropped, and said."""
+    lines = open(path, "rb").read().splitlines(keepends=True) if step is not None and os.path.exists(path) else []
+    kept, torn = [], 0
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+        except (ValueError, KeyError, TypeError):  # half a line; JSONDecodeError is a ValueError
+            torn += 1
+    if torn:
+        print(f"--resume: dropped {torn} torn line(s) of {path} (a write cut off by a kill or a full "
+              f"disk); kept the {len(kept)} whole line(s) up to step {step}")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- ranks in lock-step
+
+
+def global_counts(minibatches):
+    """Per mini-batch, its Counts summed over all ranks: the loss's denominators, so that it does
+    not depend on how the batch is split. A collective."""
+    local = {}
+    for k, mb in enumerate(minibatches):
+        local.update({f"{k}/tokens": sum(len(s.resp) for s in mb), f"{k}/seqs": len(mb),
+                      f"{k}/trained": sum(len(s.resp) for s in mb if s.in_loss)})
+    total = all_ranks(local)
+    return [Counts(total[f"{k}/tokens"], total[f"{k}/seqs"], total[f"{k}/trained"])
+            for k in range(len(minibatches))]
+
+
+def lockstep_forwards(model, seqs, *, cfg, device, with_entropy, grad=False):
+    """Yield (micro-batch, collated batch, logp (b, R), entropy (b, R) or None) for `seqs`, in
+    micro-batches of about cfg.micro_batch_tokens tokens (micro_batches; cfg.micro_batch_layout).
+    A collective.
+
+    Why lock-step: every forward of an FSDP2 model all-gathers its weights with the other ranks,
+    and every backward reduce-scatters the gradients, so all ranks must make the same number of
+    calls whatever their share of the work. After its own micro-batches a rank makes one-token
+    dummy calls (contributing nothing) until it has made as many as the busiest rank. With `grad`,
+    the caller runs each yielded batch's backward before asking for the next.
+    """
+    layout, rows = cfg.micro_batch_layout, cfg.activation_checkpointing  # rows: HF keeps no cache
+    mbs = micro_batches(seqs, cfg.micro_batch_tokens, layout)
+    busiest = int(all_ranks({"n": len(mbs)}, "max")["n"])
+    for mb in mbs:
+        batch = collate(mb, device, layout, rows)
+        with torch.set_grad_enabled(grad):
+            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy)
+        yield mb, batch, logp, ent
+    for _ in range(busiest - len(mbs)):
+        dummy_forward(model, backward=grad, layout=layout, rows=rows)
+
+
+def dummy_forward(model, *, backward, layout, rows):
+    """The calls of a one-token micro-batch in `layout`, contributing nothing: see
+    `lockstep_forwards`."""
+    device = next(model.parameters()).device
+    one = Sequence((0, 0), [0], [0], 0.0, False, torch.zeros(1))
+    with torch.set_grad_enabled(backward):
+        logp, _ = tepo.response_logprobs(model, collate([one], device, layout, rows), 1.0, False)
+    if backward:
+        logp.sum().mul(0.0).backward()
 
 
 # ----------------------------------------------------------------------------- batches
@@ -692,133 +936,7 @@ def collate(mb, device, layout="packed", rows=False):
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
 
 
-# ----------------------------------------------------------------------------- metrics, evaluation
-
-
-def step_metrics(run, step, drawn, groups, seqs, sums, stats, t, step_time):
-    """One metrics.jsonl record: every diagnostic of the spec, reduced over ranks."""
-    cfg = run.cfg
-    samples = [(s, r, c) for g in drawn for s, r, c in zip(g.samples, g.rewards, g.correct)]
-    lens = [len(s.response_ids) for s, _, _ in samples]
-    tot = all_ranks({"reward": sum(r for _, r, _ in samples), "correct": sum(c for _, _, c in samples),
-                     "samples": len(samples), "tokens": sum(lens),
-                     "truncated": sum(s.finish_reason == "length" for s, _, _ in samples),
-                     "groups": len(groups), "drawn": len(drawn)})
-    longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
-    # The batch at theta_old, over every response token (or the trained ones: full_batch_metrics):
-    # entropy, Cov(logp, A), and the sampler/trainer mismatch: mean |log pi_rollout - log pi_old|,
-    # KL(pi_rollout || pi_old) by k3 (the tokens are the sampler's), the largest per-token
-    # pi_old / pi_rollout (what an importance weight would be); null when there are none.
-    seqs = [s for s in seqs if s.old_logp is not None]
-    local = dict.fromkeys(["entropy", "logp_adv", "logp", "adv", "mismatch", "mismatch_kl", "n"], 0.0)
-    log_w_max = -math.inf
-    if seqs:
-        cat = lambda key: torch.cat([getattr(s, key).detach().cpu().double() for s in seqs])  # noqa: E731
-        lp, adv = cat("old_logp"), torch.cat([torch.full((len(s.resp),), s.adv) for s in seqs])
-        rollout_lp = cat("rollout_logp")
-        local = {"entropy": cat("old_entropy").sum(), "logp_adv": (lp * adv).sum(), "logp": lp.sum(),
-                 "adv": adv.sum(), "mismatch": (rollout_lp - lp).abs().sum(),
-                 "mismatch_kl": tepo.kl_estimate(rollout_lp, lp, "k3").sum(), "n": len(lp)}
-        log_w_max = (lp - rollout_lp).max().item()
-    tok = all_ranks(local)
-    log_w_max = all_ranks({"w": log_w_max}, "max")["w"]
-    n_tok = tok["n"] or math.nan
-    batch = {k: (None if math.isnan(v) else v) for k, v in {
-        "actor/entropy": tok["entropy"] / n_tok, "mismatch/abs_mean": tok["mismatch"] / n_tok,
-        "mismatch/kl": tok["mismatch_kl"] / n_tok,
-        "mismatch/ratio_max": math.exp(min(log_w_max, 700)) if tok["n"] else math.nan,
-        "actor/cov_logp_adv": tok["logp_adv"] / n_tok - (tok["logp"] / n_tok) * (tok["adv"] / n_tok)
-    }.items()}
-    # Update metrics (over the trained tokens), combined over ranks by METRIC_REDUCE's rule, then
-    # averaged over optimizer steps. A rank that trained on nothing has no keys: gather them.
-    key_sets = [None] * run.world
-    dist.all_gather_object(key_sets, sorted(k for k in sums if k not in batch and not k.startswith("cov/")))
-    keys = sorted(set().union(*key_sets))
-    fill = {"actor/ratio_min": math.inf, "actor/ratio_max": -math.inf}
-    vals = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}
-    summed, lo, hi = all_ranks(vals), all_ranks(vals, "min"), all_ranks(vals, "max")
-    rule = {"min": lo, "max": hi}
-    update = {k: rule[METRIC_REDUCE[k]][k] if k in METRIC_REDUCE else summed[k] / max(len(stats), 1)
-              for k in keys}
-    n = max(tot["samples"], 1)
-    record = {"step": step + 1, "reward/mean": tot["reward"] / n, "reward/accuracy": tot["correct"] / n,
-              "response/length_mean": tot["tokens"] / n, "response/length_max": longest,
-              "response/truncated_frac": tot["truncated"] / n, **batch, **update,
-              "actor/optimizer_steps": len(stats),
-              "actor/grad_norm": sum(g for _, g, _ in stats) / max(len(stats), 1),
-              "actor/lr": lr_at(cfg, step), "actor/skipped_updates": run.state.skipped,
-              "timing/step": step_time, **{f"timing/{k}": v for k, v in t.items()},
-              "timing/rollout_tokens_per_s": tot["tokens"] / max(t["rollout"], 1e-9)}
-    if cfg.dynamic_sampling:
-        record["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
-    return record
-
-
-def cut_back_log(path, step):
-    """Keep the lines of a JSONL log up to `step` (a resumed run logs the later ones again; None:
-    none, a fresh start). A line cut off by a kill or a full disk mid-write is dropped, and said."""
-    lines = open(path, "rb").read().splitlines(keepends=True) if step is not None and os.path.exists(path) else []
-    kept, torn = [], 0
-    for line in lines:
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line if line.endswith(b"\n") else line + b"\n")
-        except (ValueError, KeyError, TypeError):  # half a line; JSONDecodeError is a ValueError
-            torn += 1
-    if torn:
-        print(f"--resume: dropped {torn} torn line(s) of {path} (a write cut off by a kill or a full "
-              f"disk); kept the {len(kept)} whole line(s) up to step {step}")
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
-
-
-def log(run, record):
-    """Append one record to out_dir/metrics.jsonl, and send it to the trackers (rank 0)."""
-    if run.rank == 0:
-        with open(os.path.join(run.cfg.out_dir, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(record) + "\n")
-        for tracker in run.trackers:
-            tracker.log(record)
-
-
-def evaluate(run, step):
-    """Held-out accuracy over all ranks, by eval.py's path (eval.sample_benchmark: fixed chunks of
-    problems, each sampled by one call seeded from (seed, the file's name, chunk), dealt to the
-    ranks round-robin, graded by eval.make_judge), so the numbers do not depend on the number of
-    ranks and equal `eval.py --ckpt <the step's checkpoint> --data <eval_data> -n eval_n
-    --temperature T --top-p P --max-new-tokens M --seed <seed>`. -> {"eval/accuracy": the mean
-    correctness of the eval_n samples per problem (= pass@1), "eval/pass@k": unbiased pass@k
-    averaged over problems, k = 1, 2, 4, ... <= eval_n}. pass@k falling while pass@1 rises is a
-    policy collapsing onto fewer answers. A grading call that raises or runs over reward_timeout
-    counts as wrong, is printed, and is on record as "eval/grader_failures" (only then): an
-    evaluation never stops a run. `step` names the evaluation in messages only."""
-    cfg, rows = run.cfg, run.eval_rows
-    ks = [2 ** i for i in range(cfg.eval_n.bit_length()) if 2 ** i <= cfg.eval_n]
-    records = ev.sample_benchmark(
-        run.engine, eval_name(cfg), rows, [r["prompt_ids"] for r in rows], n=cfg.eval_n,
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-        seed=cfg.seed, chunk_size=math.ceil(ev.SEQS_PER_CALL / cfg.eval_n), ks=ks, judge=run.judge,
-        reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world)
-    samples = [s for r in records for s in r["samples"]]
-    total = all_ranks({"correct": sum(s["correct"] for s in samples), "problems": len(records),
-                       "failed": sum(s.get("grader_failed", False) for s in samples),
-                       **{f"pass@{k}": sum(r["metrics"][f"pass@{k}"] for r in records) for k in ks}})
-    n = max(total["problems"], 1)
-    out = {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
-           **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
-    if total["failed"]:  # on record only where it happened, as a fault
-        out["eval/grader_failures"] = total["failed"]
-    return out
-
-
-def eval_name(cfg):
-    """The held-out benchmark's name, as eval.py names a --data file: its stem (part of the seeds)."""
-    return os.path.splitext(os.path.basename(cfg.eval_data))[0]
-
-
-# ----------------------------------------------------------------------------- schedules, seeds, rewards
+# ----------------------------------------------------------------------------- schedules
 
 
 def lr_at(cfg, step):
@@ -831,52 +949,10 @@ def lr_at(cfg, step):
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def informative_groups(groups):
-    """DAPO's dynamic-sampling filter: the groups whose answers are neither all right nor all wrong.
-    Correctness, not the shaped reward: an overlong penalty or a format reward spreads the rewards
-    of a group that is all right (or all wrong) without telling a good answer from a bad one."""
-    return [g for g in groups if 0 < sum(g.correct) < len(g.correct)]
-
-
 def due(every, step):
     """Whether a periodic job (evaluation, samples, checkpoint) runs after RL step index `step`:
     on steps every, 2 every, ... counted from 1, as the records are numbered (0: never)."""
     return bool(every) and (step + 1) % every == 0
-
-
-def share_out(have, total):
-    """How many of its groups each rank keeps so that they add up to `total` (<= sum(have)): one
-    slot per rank in turn, skipping ranks that have none left, so the kept groups stay spread over
-    the ranks. have: [groups on rank r] -> [kept on rank r]."""
-    keep = [0] * len(have)
-    while sum(keep) < total:
-        for r in range(len(have)):
-            if keep[r] < have[r] and sum(keep) < total:
-                keep[r] += 1
-    return keep
-
-
-def shaped_reward(cfg, grader, sample, answer):
-    """-> (reward, correct). `correct` is the grader's verdict: its reward is 1.0 for a right answer
-    only (format_reward < 1), whatever the shaping adds. A wrong answer's reward gets wrong_reward
-    (DAPO: right +1, wrong -1); then DAPO's overlong shaping: a penalty growing linearly over the
-    last `overlong_buffer` tokens before max_new_tokens, -overlong_factor at max_new_tokens."""
-    r = grader(sample.text, answer, format_reward=cfg.format_reward,
-               no_answer_penalty=cfg.no_answer_penalty)
-    correct = r >= 1.0
-    if not correct:
-        r += cfg.wrong_reward
-    B, n = cfg.overlong_buffer, len(sample.response_ids)
-    penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
-    return r + penalty, correct
-
-
-def guarded_reward(cfg, grader, sample, answer, failed):
-    """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
-    (0.0, False) and is counted (guarded)."""
-    out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer),
-                         sample.text, failed)
-    return (0.0, False) if out is None else out
 
 
 if __name__ == "__main__":

@@ -158,11 +158,8 @@ def train_child(argv):
 
     def loss(*a, **kw):
         value, m = real_loss(*a, **kw)
-        named = {train.metric_name(k): v for k, v in m.items()}  # tepo's names, flat or grouped
-        calls.append({"minibatch": opt_steps[0], "kl_old": float(named["actor/kl_old"]),
-                      "ratio_min": float(named["actor/ratio_min"]),
-                      "ratio_max": float(named["actor/ratio_max"]),
-                      "mismatch": float(named.get("mismatch/abs_mean", float("nan")))})
+        calls.append({"minibatch": opt_steps[0], "kl_old": float(m["actor/kl_old"]),
+                      "ratio_min": float(m["actor/ratio_min"]), "ratio_max": float(m["actor/ratio_max"])})
         return value, m
 
     def step(self, *a, **kw):

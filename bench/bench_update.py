@@ -110,8 +110,8 @@ def time_step(run, seqs):
     fresh = [train.Sequence(s.gid, s.prompt, s.resp, s.adv, True, s.rollout_logp) for s in seqs]
     mbs = minibatches(fresh)
     t0 = time.perf_counter()
-    train.old_logprobs(run, mbs)
-    train.update_policy(run, mbs, 0)
+    train.old_logprobs(run, minibatches=mbs)
+    train.update_policy(run, minibatches=mbs, step=0)
     return time.perf_counter() - t0
 
 
@@ -177,7 +177,7 @@ def main():
     runs = {}
     for name, cfg in cfgs.items():
         model = policy.load_policy(path, cfg, torch.device("cpu"))
-        runs[name] = SimpleNamespace(cfg=cfg, model=model, ref_model=None, device=torch.device("cpu"), rank=0,
+        runs[name] = SimpleNamespace(cfg=cfg, model=model, ref_model=None, device=torch.device("cpu"), rank=0, world=1,
                                      optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.lr),
                                      state=policy.TrainState())
     for name in cfgs:  # warm-up

@@ -9,7 +9,7 @@ sides start from the same files), then runs `configs/demo.yaml` on 2 ranks for -
 (prompts_per_step 16, eval_every 0, save_every 0) with each tree's train.py, and compares every
 numeric, non-timing metric of metrics.jsonl to a relative 1e-5. A commit from before the grouped
 metric names (reward, kl_old, time/step: now reward/mean, actor/kl_old, timing/step) has its
-names mapped to today's (train.METRIC_NAMES) before the comparison. Prints the largest difference
+names mapped to today's (FLAT_NAMES) before the comparison. Prints the largest difference
 and exits 1 if a value differs (or a key is missing on one side). `--set` adds config overrides
 to both runs: `--set method=grpo` also exercises the reference model and the later mini-batches
 (its KL term trains every sequence), which the demo's few rewarded groups at 250 SFT steps rarely
@@ -24,10 +24,21 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from train import metric_name  # noqa: E402
-
 VOLATILE = ("timing/",)  # wall clock: differs between any two runs
+# metrics.jsonl's flat names before they were grouped as today (and time/<phase>: timing/<phase>).
+FLAT_NAMES = {
+    "reward": "reward/mean", "accuracy": "reward/accuracy", "groups_kept": "reward/groups_kept",
+    "response_len": "response/length_mean", "response_len_max": "response/length_max",
+    "truncated": "response/truncated_frac",
+    "entropy": "actor/entropy", "cov_logp_adv": "actor/cov_logp_adv", "kl_old": "actor/kl_old",
+    "kl_ref": "actor/kl_ref", "kl_mask_frac": "actor/kl_mask_frac",
+    "clip_frac_low": "actor/clip_frac_low", "clip_frac_high": "actor/clip_frac_high",
+    "ratio_mean": "actor/ratio_mean", "ratio_min": "actor/ratio_min", "ratio_max": "actor/ratio_max",
+    "grad_norm": "actor/grad_norm", "lr": "actor/lr", "optimizer_steps": "actor/optimizer_steps",
+    "skipped_updates": "actor/skipped_updates", "mismatch": "mismatch/abs_mean",
+    "tokens_per_s": "timing/rollout_tokens_per_s",
+    "eval_accuracy": "eval/accuracy", "eval_dropped_long_prompts": "eval/dropped_long_prompts",
+}
 
 
 def run(cmd, cwd):
@@ -50,7 +61,7 @@ def rl_run(tree, demo_dir, out_dir, steps, extra=()):
 def renamed(record):
     """A record in today's metric names: an older train.py's flat ones (reward, kl_old, ...) and
     time/<phase> mapped to their groups; today's names stay as they are."""
-    return {("timing/" + k[len("time/"):] if k.startswith("time/") else metric_name(k)): v
+    return {("timing/" + k[len("time/"):] if k.startswith("time/") else FLAT_NAMES.get(k, k)): v
             for k, v in record.items()}
 
 

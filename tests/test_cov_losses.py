@@ -109,7 +109,7 @@ def test_kl_cov_gradient_away_from_theta_old_by_hand():
     r = torch.exp(logp - old)
     want = (-adv[:, None] * r + 0.7 * torch.sign(logp - old) * sel) * mask / mask.sum()
     assert torch.allclose(x.grad, want, atol=1e-12)
-    assert m["clip_frac_low"] == 0 and m["clip_frac_high"] == 0     # KL-Cov does not clip
+    assert m["actor/clip_frac_low"] == 0 and m["actor/clip_frac_high"] == 0     # KL-Cov does not clip
     assert float(m["actor/cov_selected_frac"]) == pytest.approx(float(sel.sum() / mask.sum()))
 
 

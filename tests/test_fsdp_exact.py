@@ -34,7 +34,8 @@ def forwards(model, my_seqs, share, fsdp, layout="packed"):
     tcfg = train.Config(model="m", train_data="d", micro_batch_tokens=40, temperature=1.0,
                         activation_checkpointing=not share, micro_batch_layout=layout)
     if fsdp:
-        for _, b, logp, _ in train.lockstep_forwards(model, my_seqs, tcfg, torch.device("cpu"), False, grad=True):
+        for _, b, logp, _ in train.lockstep_forwards(model, my_seqs, cfg=tcfg, device=torch.device("cpu"),
+                                                     with_entropy=False, grad=True):
             yield b, logp
         return
     for mb in train.micro_batches(my_seqs, budget=40, layout="grouped"):

@@ -61,7 +61,7 @@ cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, se
                       eval_data="held_out.jsonl")
 grade = lambda text, answer: (text, text.endswith("\\boxed{" + answer + "}"))
 run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), judge=grade)
-out["eval"] = train.evaluate(run, 0)
+out["eval"] = train.evaluate(run)
 # A grader that raises on problem 3's responses (8 right ones, rank 0) and hangs on the first of
 # problem 134's (5 right ones, rank 1): those count as wrong, and the run goes on.
 import time
@@ -74,20 +74,19 @@ def faulty(text, answer):
         time.sleep(30)
     return grade(text, answer)
 run.judge = faulty
-out["faulty"] = train.evaluate(run, 0)
-# The mismatch metrics of step_metrics: rank r holds 2 + r sequences of 3 + r tokens.
-seqs, groups = [], []
+out["faulty"] = train.evaluate(run)
+# The batch at theta_old (old_policy_metrics): rank r holds 2 + r sequences of 3 + r tokens.
+seqs = []
 for i in range(2 + rank):
     old = -torch.rand(3 + rank, generator=g) * 2
     roll = old + 0.3 * torch.randn(3 + rank, generator=g)
-    seqs.append(train.Sequence(0, [1], list(range(3 + rank)), 0.5, True, roll, old, torch.rand(3 + rank)))
-    sample = rollout.Sample([1], list(range(3 + rank)), "x", roll.tolist(), "stop")
-    groups.append(train.Group({"prompt": "p"}, [sample], [1.0], [True]))
-cfg = train.Config(model="m", train_data="d")
-run = SimpleNamespace(cfg=cfg, world=2, state=train.TrainState())
-rec = train.step_metrics(run, 0, groups, groups, seqs, {}, [], {"rollout": 1.0}, 1.0)
-out["mismatch"] = {k: rec[k] for k in ("mismatch/abs_mean", "mismatch/kl", "mismatch/ratio_max")}
-out["tokens"] = [[s.old_logp.tolist(), s.rollout_logp.tolist()] for s in seqs]
+    seqs.append(train.Sequence(0, [1], list(range(3 + rank)), i - 0.7 * rank, True, roll, old,
+                               torch.rand(3 + rank, generator=g)))
+rec = train.old_policy_metrics([seqs[:1], seqs[1:]])
+out["batch"] = {k: rec[k] for k in ("mismatch/abs_mean", "mismatch/kl", "mismatch/ratio_max",
+                                     "actor/entropy", "actor/cov_logp_adv")}
+out["tokens"] = [[s.old_logp.tolist(), s.rollout_logp.tolist(), s.old_entropy.tolist(), [s.adv] * len(s.resp)]
+                 for s in seqs]
 gathered = [None, None]
 dist.all_gather_object(gathered, out["tokens"])
 out["tokens"] = [t for part in gathered for t in part]
@@ -101,7 +100,8 @@ dist.destroy_process_group()  # else gloo's threads may abort the exit ("termina
 def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     """Two gloo ranks: the tail from each rank's largest values equals the one over all values;
     pass@k equals 1 - C(n-c, k)/C(n, k) averaged over problems, whichever rank holds them; the
-    sampler/trainer mismatch (mean |d|, k3 KL, max ratio) is over both ranks' tokens."""
+    sampler/trainer mismatch (mean |d|, k3 KL, max ratio), the entropy and Cov(log pi_old, A) are
+    over both ranks' tokens."""
     script = tmp_path / "diag.py"
     script.write_text(f"ROOT = {ROOT!r}\n" + SCRIPT)
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -113,13 +113,16 @@ def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     values = (torch.randn(3001, generator=torch.Generator().manual_seed(0)).abs() ** 3).numpy()
     assert res["tail"][0] == pytest.approx(values.max(), rel=1e-6)
     assert res["tail"][1] == pytest.approx(nearest_rank_p999(values), rel=1e-6)
-    old = np.concatenate([o for o, _ in res["tokens"]])
-    roll = np.concatenate([r for _, r in res["tokens"]])
+    old, roll, ent, adv = (np.concatenate([t[j] for t in res["tokens"]]) for j in range(4))
     d = old - roll                                   # log pi_old / pi_rollout per token
     assert len(d) == 2 * 3 + 3 * 4
-    assert res["mismatch"]["mismatch/abs_mean"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
-    assert res["mismatch"]["mismatch/kl"] == pytest.approx((np.exp(d) - d - 1).mean(), rel=1e-6)
-    assert res["mismatch"]["mismatch/ratio_max"] == pytest.approx(np.exp(d).max(), rel=1e-6)
+    batch = res["batch"]
+    assert batch["mismatch/abs_mean"] == pytest.approx(np.abs(d).mean(), rel=1e-6)
+    assert batch["mismatch/kl"] == pytest.approx((np.exp(d) - d - 1).mean(), rel=1e-6)
+    assert batch["mismatch/ratio_max"] == pytest.approx(np.exp(d).max(), rel=1e-6)
+    assert batch["actor/entropy"] == pytest.approx(ent.mean(), rel=1e-6)
+    cov = ((old - old.mean()) * (adv - adv.mean())).mean()     # Cov(log pi_old, A) over the tokens
+    assert abs(cov) > 0.05 and batch["actor/cov_logp_adv"] == pytest.approx(cov, rel=1e-6)
     correct, n = [[0, 1, 3, 8, 5][i % 5] for i in range(300)], 8
     want = {k: np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for c in correct]) for k in (1, 2, 4, 8)}
     assert set(res["eval"]) == {"eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}

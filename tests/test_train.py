@@ -128,9 +128,9 @@ def test_responses_with_zero_advantage_are_in_the_loss_only_when_a_term_reads_th
                                ("klcov", {"cov_tokens": "all"}, [True] * 4)):
         cfg = train.Config(model="m", train_data="d", method=method, group_size=2, num_minibatches=1,
                            loss=loss)
-        seqs = [s for mb in train.make_sequences(groups, cfg) for s in mb]
+        seqs = [s for mb in train.make_sequences(groups, cfg=cfg) for s in mb]
         assert [s.adv == 0 for s in seqs] == [True, True, False, False]
-        assert [s.train for s in seqs] == want, (method, loss)
+        assert [s.in_loss for s in seqs] == want, (method, loss)
 
 
 @pytest.mark.parametrize("layout,rows", [("packed", False), ("grouped", False), ("grouped", True)])

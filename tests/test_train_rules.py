@@ -104,12 +104,12 @@ rows = [{"prompt": f"p{i}", "answer": "7"} for i in range(40)]
 run = SimpleNamespace(cfg=cfg, rank=rank, world=2, engine=Engine(), grader=reward.make_grader("rule"),
                       judge=train.ev.make_judge("rule"), rows=rows, state=TrainState(),
                       eval_rows=[{"problem": f"e{i}", "prompt_ids": [1000 + i], "answer": "7"} for i in range(3)])
-groups, drawn, failed = train.sample_and_grade(run, 0, {})
-record = train.step_metrics(run, 0, drawn, groups, [], {}, [], {"rollout": 1.0}, 1.0)
+rollouts = train.sample_and_grade(run, step=0)
+groups, drawn, record = rollouts.groups, rollouts.drawn, rollouts.metrics
 out = {"calls": Engine.calls, "kept": len(groups), "drawn": len(drawn), "data_pos": run.state.data_pos,
        "kept_correct": [g.correct for g in groups],
        "record": {k: record[k] for k in ("reward/mean", "reward/accuracy", "reward/groups_kept")},
-       "eval": train.evaluate(run, 0)}
+       "eval": train.evaluate(run)}
 parts = [None, None]
 dist.all_gather_object(parts, out)
 if rank == 0:
