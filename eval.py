@@ -39,6 +39,7 @@ number of ranks: the same seed gives the same numbers on 1 or 8 ranks (bit for b
 it is tested; on GPU up to the engine's own run-to-run determinism).
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -399,13 +400,21 @@ def gather(records, world):
 
 # ----------------------------------------------------------------------------- protocol and table
 
-def protocol(args, plan, results):
+def protocol(args, plan, results, prompt):
     """What must be equal for two results to share a table: the benchmarks with their samples per
-    problem and problem counts, sampling, response cap, prompt and grader (not the seed)."""
+    problem, problem counts and data (the file's SHA-256: another version of a benchmark is another
+    benchmark), sampling, response cap, the prompt (`prompt`: a problem's prompt with the problem
+    left as "{problem}", so the checkpoint's chat template counts too; its SHA-256) and grader (not
+    the seed)."""
+    def sha256(b):
+        return hashlib.sha256(b).hexdigest()
     return {"preset": args.preset,
-            "benchmarks": {b: {"n": n, "problems": results[b]["problems"]} for b, (n, _) in plan.items()},
+            "benchmarks": {b: {"n": n, "problems": results[b]["problems"],
+                               "sha256": sha256(open(args.files[b], "rb").read())}
+                           for b, (n, _) in plan.items()},
             "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
-            "prompt_template": args.template, "max_problems": args.max_problems, "grader": args.grader}
+            "prompt_template": args.template, "prompt_sha256": sha256(prompt.encode("utf-8")),
+            "max_problems": args.max_problems, "grader": args.grader}
 
 
 # Student's t 0.975 quantile by degrees of freedom (the usual table); beyond 30, the first two
@@ -427,13 +436,15 @@ def t975(df):
 def run_cells(result):
     """{benchmark or "avg": (accuracy %, 95% half-width % or None)} of one results.json.
 
-    A benchmark: its avg@n and the normal interval over problems (accuracy_se). The average: the
-    unweighted mean over benchmarks, as the papers report it; its error combines the benchmarks'
-    as independent (sqrt of the summed variances over their count)."""
+    A benchmark: its avg@n and Student's t interval over its P problems (accuracy_se, P - 1
+    degrees of freedom: 2.045 for AIME's 30, 1.965 for MATH-500's 500). The average: the unweighted
+    mean over benchmarks, as the papers report it; its error combines the benchmarks' as
+    independent (sqrt of the summed variances over their count), with the normal quantile."""
     cells, ses = {}, []
     for name, m in result["benchmarks"].items():
         se = m.get("accuracy_se")
-        cells[name] = (100 * m["accuracy"], None if se is None else 100 * Z975 * se)
+        q = t975(m["problems"] - 1) if m.get("problems", 0) > 1 else Z975
+        cells[name] = (100 * m["accuracy"], None if se is None else 100 * q * se)
         ses.append(se)
     mean = sum(v for v, _ in cells.values()) / len(cells)
     half = None if None in ses else 100 * Z975 * math.sqrt(sum(se ** 2 for se in ses)) / len(ses)
@@ -490,11 +501,16 @@ def write_table(paths, out):
         label = f"{method} (seed {result.get('seed')}, {where})"
         cells = run_cells(result)
         rows.append((label, "run", cells))
-        by_method.setdefault((method, os.path.basename(ckpt)), {})[result.get("seed")] = cells
+        runs = by_method.setdefault((method, os.path.basename(ckpt)), {})
+        if result.get("seed") in runs:  # the mean over seeds would count it once, silently
+            raise UserError(f"--table: {path} is a second result of {method}, seed {result.get('seed')}, "
+                            f"{os.path.basename(ckpt)} ({runs[result.get('seed')][0]} is the first): give "
+                            f"one results.json per run")
+        runs[result.get("seed")] = (path, cells)
     for (method, step), runs in by_method.items():
         if len(runs) > 1:
             rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
-                         seed_cells(list(runs.values()))))
+                         seed_cells([cells for _, cells in runs.values()])))
     for method, numbers in PAPER_REPORTED.items():
         rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
                      {c: (numbers[c], None) for c in cols if c in numbers}))
@@ -603,7 +619,8 @@ def main(argv=None):
     cfg = train_config(args.ckpt)
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
-           "protocol": protocol(args, plan, results), "benchmarks": results,
+           "protocol": protocol(args, plan, results, data.build_prompt(tokenizer, "{problem}", args.template)),
+           "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},
                       "k": one([ks for _, ks in plan.values()]) or {b: ks for b, (_, ks) in plan.items()},
                       "temperature": args.temperature,

@@ -211,9 +211,10 @@ def test_the_table_a_row_per_run_the_mean_over_seeds_and_the_paper_as_reference(
     c = fake_result(tmp_path / "c.json", "grpo", 0, {"math500": [0, 0, 0, 1], "aime24": [0, 0.5]})
     text = ev.write_table([a, b, c], str(tmp_path / "t" / "table.md"))
     lines = {ln.split(" | ")[0].strip("| *"): ln for ln in text.splitlines() if ln.startswith("|")}
-    # run a, math500: mean 0.5, sd over problems sqrt(1/6), se sqrt(1/6)/2; aime24: 0.5, se 0.25
+    # run a, math500: mean 0.5, sd over problems sqrt(1/6), se sqrt(1/6)/2, t(0.975, 3 df) = 3.182;
+    # aime24: 0.5, se 0.25, t(0.975, 1 df) = 12.706; the average's error by the normal quantile
     se_m, se_a = math.sqrt(1 / 6) / 2, 0.25
-    half_m, half_a = 100 * 1.959964 * se_m, 100 * 1.959964 * se_a
+    half_m, half_a = 100 * 3.182 * se_m, 100 * 12.706 * se_a
     half_avg = 100 * 1.959964 * math.sqrt(se_m ** 2 + se_a ** 2) / 2
     assert lines["tepo (seed 0, tepo-s0/step_000100)"].endswith(
         f"| 50.00 ± {half_m:.2f} | 50.00 ± {half_a:.2f} | 50.00 ± {half_avg:.2f} |")
@@ -228,6 +229,15 @@ def test_the_table_a_row_per_run_the_mean_over_seeds_and_the_paper_as_reference(
     first = csv[1].split(",")
     assert first[-6:-3] == ["50.0000", f"{50 - half_a:.4f}", f"{50 + half_a:.4f}"]
     assert len(csv) == 1 + 3 + 1 + 2
+
+
+def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
+    """Two results of one method, seed and checkpoint (evaluated twice): the mean over seeds would
+    count one of them silently; it is an error naming both files."""
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0]})
+    b = fake_result(tmp_path / "b.json", "tepo", 0, {"math500": [1, 1]})
+    with pytest.raises(ev.UserError, match=r"b\.json is a second result of tepo, seed 0, step_000100 \(.*a\.json"):
+        ev.write_table([a, b], str(tmp_path / "table.md"))
 
 
 def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp_path, capsys):

@@ -7,6 +7,7 @@ of each of the seven benchmarks, and `eval.py --table` over the two checkpoints'
 This also stands for tepo in tests/test_gpu_configs.py's dry runs (the tepo config, trained and
 evaluated); grpo and dapo run there.
 """
+import hashlib
 import json
 import os
 import subprocess
@@ -59,6 +60,8 @@ def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
     assert (p["preset"], p["temperature"], p["top_p"], p["max_new_tokens"], p["max_problems"]) == \
         ("paper", 0.6, 0.95, 12, 2)
     assert got["benchmarks"]["aime24"]["n"] == 32 and got["benchmarks"]["gsm8k"]["k"] == [1, 4]
+    digest = hashlib.sha256(open(data / "math500.jsonl", "rb").read()).hexdigest()
+    assert p["benchmarks"]["math500"]["sha256"] == digest and len(p["prompt_sha256"]) == 64
 
     table = tmp_path / "table.md"
     run("eval.py", "--table", *results, "--out", str(table))
