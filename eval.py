@@ -71,7 +71,7 @@ DEFAULT_K = (1, 8, 16)
 PRESETS = {
     "paper": {"benchmarks": list(BENCHMARKS), "n": {"below_100": 32, "else": 4}, "temperature": 0.6,
               "top_p": 0.95, "max_new_tokens": 3072, "prompt_template": "default"},
-    "quick": {"benchmarks": list(BENCHMARKS), "greedy": True, "max_new_tokens": 3072,
+    "quick": {"benchmarks": list(BENCHMARKS), "greedy": True, "n": 1, "max_new_tokens": 3072,
               "prompt_template": "default"},
 }
 # The TEPO paper's reported accuracies (%, Qwen2.5-Math-1.5B, its own protocol), as its abstract and
@@ -259,7 +259,9 @@ def parse_args(argv=None):
         args.benchmarks = ",".join(preset["benchmarks"])
     args.greedy = args.greedy or (preset.get("greedy", False) and args.n in (None, 1)
                                   and args.temperature in (None, 0.0))
-    args.n_rule = preset.get("n") if args.n is None and not args.greedy else None
+    rule = preset.get("n") if args.n is None and not args.greedy else None
+    args.n_rule = rule if isinstance(rule, dict) else None  # paper's n by size; quick's is one
+    args.n = rule if isinstance(rule, int) else args.n
     args.temperature = 0.6 if args.temperature is None else args.temperature
     args.top_p = 0.95 if args.top_p is None else args.top_p
     if args.max_problems is not None and args.max_problems < 1:

@@ -179,6 +179,10 @@ def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
     assert (a.max_new_tokens, a.template) == (64, "Q {problem}")
     a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "quick", "--benchmarks", "math500"])
     assert (a.greedy, a.n, a.temperature, a.top_p, a.ks, a.max_new_tokens) == (True, 1, 0.0, 1.0, [1], 3072)
+    # quick with a temperature: still one sample per problem, now sampled
+    a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "quick", "--benchmarks", "math500",
+                       "--temperature", "0.6"])
+    assert (a.greedy, a.n, a.temperature, a.top_p, a.ks) == (False, 1, 0.6, 0.95, [1])
     # without a preset: the defaults of before (n 16, T 0.6, the checkpoint's template and cap)
     a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500"])
     assert ev.samples_and_ks(a, 30) == (16, [1, 8, 16]) and (a.template, a.max_new_tokens) == ("P {problem}", 77)
