@@ -454,3 +454,94 @@ ROUND2_MISSES = [
     ("35", "So 35% of the students passed."),             # the value mid-sentence
     ("15", "In total she has 15 marbles.<|im_start|>user\nWhat about 3?"),  # "has": not a verb it knows
 ]
+
+# ----------------------------------------------------------------------------- round 3 (issue 26)
+# The same discipline as round 2: BATCH1 was written before any change of the third round and
+# measured as the grader was; then the grader was fixed; BATCH2 was written after the fixes and
+# measured before the code was touched again. Written from how models and people write answers, not
+# from the strings of the rows above or of any grader's test suite. Same seven classes.
+ROUND3_BATCH1 = {
+    "several": [
+        ("-2, 5", r"So $x=-2$ or $x=5$; the solutions are $\boxed{-2}$ and $\boxed{5}$.", T),
+        ("(0, 0), (2, 4)", r"The curves meet at $\boxed{(2, 4)}$ and at $\boxed{(0, 0)}$.", T),
+        ("x = 1, y = -3", r"$\boxed{x = 1},\ \boxed{y = -3}$", T),
+        ("t_1 = 2, t_2 = 6", r"\boxed{t_1 = 6,\ t_2 = 2}", F),
+        ("2, 6", r"\boxed{6 \text{ or } 2}", T),
+        ("2, 6", r"\boxed{2, 6, 8}", F),
+        ("4, -4", r"$x^2 = 16$, so $\boxed{x = \pm 4}$.", T),
+        ("a = 2, b = 3; a = 3, b = 2", r"\boxed{(a, b) = (2, 3) \text{ or } (3, 2)}", T),
+        ("a = 2, b = 3; a = 3, b = 2", r"\boxed{(a, b) = (2, 3)}", F),
+        ("-1, 2", r"The roots satisfy $x_1 + x_2 = 1$, and the smaller one is $\boxed{-1}$.", F),
+        ("1, 2, 4", "The divisors are:\n- $\\boxed{1}$\n- $\\boxed{2}$\n- $\\boxed{4}$", T),
+    ],
+    "prose": [
+        ("45", "Portanto, o trem percorre **45 km**.", T),
+        ("18", "Así que Juan tiene 18 canicas en total.", T),
+        ("18", "Juan tenía 18 canicas y regaló 6, así que le quedan 12.", F),
+        ("250", "इसलिए कुल लागत 250 रुपये है।", T),
+        ("30", "لذلك، عدد الطلاب هو 30 طالبًا.", T),
+        ("6", "因此，小明还剩下**6**个苹果。", T),
+        ("10", "小明原来有10个苹果，吃掉了4个，所以还剩6个。", F),
+        ("7", "Daher dauert die Reise insgesamt 7 Stunden.", T),
+        ("12", "Следовательно, ответ — 12.", T),
+        ("24", "Bu yüzden sınıfta toplam 24 öğrenci vardır.", T),
+    ],
+    "letters": [
+        ("C", "Options A, B and D all fail the test, so the answer is C.", T),
+        ("C", "The correct option is **(C)**, since (A) and (D) give negative values.", T),
+        ("A", "The correct option is **(C)**, since (A) and (D) give negative values.", F),
+        ("D", "La respuesta correcta es la D.", T),
+        ("D", "正确答案是D，而不是B或C。", T),
+        ("B", "正确答案是D，而不是B或C。", F),
+        ("B: Mercury", "The answer is B.", T),
+        ("B: Mercury", "Venus", F),
+        ("B", "A est exclue, donc la réponse est B.", T),
+        ("A", "A est exclue, donc la réponse est B.", F),
+    ],
+    "number_forms": [
+        ("1234.5", "Der Preis beträgt 1.234,50 €.", T),
+        ("0.25", "Die Wahrscheinlichkeit ist 0,25.", T),
+        ("12000", "The company made $12,000 in profit last year.", T),
+        ("12000", "It spent $3,000 and earned $12,000, so the profit was $9,000.", F),
+        ("40", "That is a 40% increase.", T),
+        ("1.5", "Each bottle holds 1,5 l.", T),
+        ("15", "Each bottle holds 1,5 l.", F),
+        ("1050", "He paid 1,050.00 dollars.", T),
+        ("3200.75", "Le total est de 3 200,75 €.", T),
+    ],
+    "debris": [
+        ("20", "So she needs 20 more stickers.\n<|im_start|>user\nThanks!", T),
+        ("20", "Adding them gives 12 + 8 = 20.<|im_start|>", T),
+        ("12", "Adding them gives 12 + 8 = 20.<|im_start|>", F),
+        ("144", "Therefore, the area of the garden is 144 square meters. I hope it is correct.\n<|im_start|>user", T),
+        ("7", "The remainder when dividing by 9 is 7.<|endoftext|><|endoftext|>", T),
+        ("9", "The remainder when dividing by 9 is 7.<|endoftext|>", F),
+        ("56", "There are 56 handshakes in total.\n\nI hope this is correct!<|im_end|>", T),
+        ("5", "Hence the smallest such n is 5.</s><s>[INST] Next question [/INST]", T),
+    ],
+    "escaped_latex": [
+        (r"\sqrt{3}", r"$$\\boxed{\\sqrt{3}}$$", T),
+        (r"\frac{7}{2}", r"\boxed{\tfrac72}", T),
+        (r"\frac{1}{6}", r"\boxed{\frac16\pi}", F),
+        (r"2\sqrt{2}", r"\boxed{2\!\sqrt{2}}", T),
+        (r"\left(\frac{1}{2}, 3\right)", r"\\boxed{\\left(\\frac{1}{2}, 3\\right)}", T),
+        (r"\frac{1}{2}", r"\\boxed{\\frac{1}{2}x}", F),
+        (r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{\sqrt2}2}", T),
+        ("10", r"\\boxed{10 \\text{ cm}}", T),
+        (r"\frac{5}{3}", r"\boxed{1\tfrac{2}{3}}", T),
+    ],
+    "sets": [
+        (r"(-\infty, -1) \cup (1, \infty)", r"\boxed{x < -1 \text{ or } x > 1}", T),
+        (r"(-\infty, -1) \cup (1, \infty)", r"\boxed{-1 < x < 1}", F),
+        ("[2, 8]", r"\boxed{|x - 5| \le 3}", T),
+        (r"(-\infty, 0) \cup (4, \infty)", r"\boxed{|x-2|>2}", T),
+        (r"(-3, -1) \cup (1, 3)", r"\boxed{1 < |x| < 3}", T),
+        (r"[-3, -1] \cup [1, 3]", r"\boxed{1 < |x| < 3}", F),
+        (r"|x| \ge 1", r"(-\infty, -1] \cup [1, \infty)", T),
+        (r"\begin{pmatrix} 0.6 & -0.8 \\ 0.8 & 0.6 \end{pmatrix}",
+         r"\begin{pmatrix} \frac35 & -\frac45 \\ \frac45 & \frac35 \end{pmatrix}", T),
+        (r"\begin{pmatrix} 0.14 \\ 0.29 \end{pmatrix}", r"\begin{pmatrix} 1/7 \\ 2/7 \end{pmatrix}", T),
+        (r"\begin{pmatrix} 0.14 \\ 0.29 \end{pmatrix}", r"\begin{pmatrix} 1/7 \\ 3/7 \end{pmatrix}", F),
+        (r"(3, \infty)", r"\{x \mid x > 3\}", T),
+    ],
+}
