@@ -10,7 +10,7 @@ Class tables: tests/grader_cases.py, the rows of each class of misjudgement of i
 agreement per class is printed (the speed sets measure speed; these measure judgement).
 
     python bench/bench_reward.py [--data ../shared/data] [--limit N] [--classes-only]
-    (the class tables, then the second round's batches of tests/grader_cases.py, each apart)
+    (the class tables, then the batches of rounds 2 and 3 of tests/grader_cases.py, each apart)
     python bench/bench_reward.py --grader-dir OLD_CHECKOUT   # the same figures for another reward.py
     python bench/bench_reward.py --grader math_verify         # needs math-verify installed
 
@@ -143,9 +143,10 @@ def class_tables(verify, show=True):
 
 
 def round2(verify, show=True):
-    """Agreement per class on the second round's batches (tests/grader_cases.py), each apart."""
+    """Agreement per class on the batches of the second and third rounds (tests/grader_cases.py),
+    each apart."""
     import grader_cases
-    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2"):
+    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2"):
         if not hasattr(grader_cases, batch):
             continue
         total = agree = 0
