@@ -734,6 +734,8 @@ def _structure(s):
     if m and (_enclosed(rest.replace("\\{", "{").replace("\\}", "}")) or rest.count("\\begin{") == 1
               and _MATRIX.fullmatch(rest)):
         return _structure(rest)  # x \in [2, 5],  S = \{1, 2\},  (x, y) = (1, 2),  v = \begin{pmatrix}..
+    if m and s[0] == "(" and all(x[:1] == "(" and _enclosed(x) for x in _split_top(rest)):
+        return _structure(rest)  # (a, b) = (2, 3), (3, 2): the solutions, each a tuple of the names' values
     if s.startswith("{") and _enclosed(s):
         return _structure(s[1:-1])  # a LaTeX group: {1,2,3} renders as 1,2,3
     union = _split_top(s, "\\cup")
@@ -786,8 +788,11 @@ _ANSWER_IS = re.compile(
     r"|\bответ\b\s*равен\b|\brisposta\s+(?:è|e)\b|\bresposta\s+(?:é|e)\b|\bjawabannya\s+(?:adalah\b)?"
     r"|đáp án là|答案(?:是|为|為)|答えは|정답은"
     r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale))?[*\s]*[:：])[\s:*：]*")
-_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\)*(?:(?:and|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad|\\[,;])[\s,;$]*){0,4}"
-                       r"(?:[a-zA-Z]\s*=\s*)?")  # `\boxed{2}, \boxed{3}` and `x = \boxed{2} or x = \boxed{3}`
+# what may stand between two boxes that are one answer: `\boxed{2}, \boxed{3}`, `x = \boxed{2} or x = \boxed{3}`,
+# `\boxed{1},\ \boxed{2}`, `(2, 4)$ and at $(0, 0)`, `x_1 = \boxed{1}, x_2 = \boxed{2}`, one box per list item
+_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\|\\ )*(?:(?:and(?:\s+(?:at|also))?|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad|\\[,; ]"
+                       r"|\n[ \t]*(?:[-*•]|\d{1,2}[.)])(?=[ \t]))[\s,;$]*){0,4}"
+                       r"(?:[a-zA-Z](?:_\{?\w{1,3}\}?)?\s*=\s*)?")
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
 _PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
                    r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
@@ -816,8 +821,9 @@ def _prepare(text):
 
 def _last_boxed(s):
     """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
-    belong with it joined by ', ': boxes directly before it (only commas, 'and', `$` between), or one
-    box per labelled part (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
+    belong with it joined by ', ': boxes directly before it (only commas, 'and', `$`, spacing, a list
+    item's bullet between: _JOIN_GAP, under 300 characters), or one box per labelled part
+    (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
     boxes, match = [], None
     for m in _BOXED.finditer(s):
         j = m.end()
@@ -841,7 +847,7 @@ def _last_boxed(s):
     for k in range(len(boxes) - 2, -1, -1):
         b0, b1, content = boxes[k]
         by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
-        if b1 > start or not (by_part or _JOIN_GAP.fullmatch(s[b1:start])):
+        if b1 > start or not (by_part or start - b1 < 300 and _JOIN_GAP.fullmatch(s[b1:start])):
             break
         parts.append(content)
         start = b0

@@ -41,6 +41,11 @@ out in so many words ("B, not A or C", "(A) and (C) are ruled out", "B，不是A
 named, so one letter left is the answer; a gold `B Maria` (the option's letter and text) takes the
 letter; `|x - c| < r` (<=, >, >=) is the set it describes over the reals, (c - r, c + r) or two rays.
 
+Rules of the third round (the same discipline): boxes apart only by spacing (`\ `), "and at", or
+one per item of a bulleted or numbered list are one answer, and so are `x_1 = \boxed{..}, x_2 =
+\boxed{..}`; solutions written as groups of the same names' values apart by `;` or "or" (`a = 2, b
+= 3; a = 3, b = 2`) are a list of tuples, and so is `(a, b) = (2, 3) or (3, 2)`.
+
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
 "undecided", i.e. not equal); and the slow path runs under a deadline implemented with
@@ -461,6 +466,28 @@ _CHOICE = re.compile(r"\(?([A-J])\)?")
 _CHOICE_PRED = re.compile(r"(?:\(([A-J])\)|([A-J])(?:[):.]|\s|$))")
 
 
+_GROUP_SEP = re.compile(r"\s*(?:;|\\text\{\s*or\s*\}|\bor\b|\\q?quad\b)\s*")
+_ASSIGN = re.compile(r"\s*([a-zA-Z](?:_\{?\w{1,3}\}?)?)\s*=\s*(\S.*)")
+
+
+def _solution_groups(s):
+    """`a = 2, b = 3; a = 3, b = 2` (solutions apart by `;` or 'or', each a list of values of the same
+    two or more names) as the list of tuples `(2, 3), (3, 2)`, in the first solution's order of the
+    names; else s. (_clean would read the `;` as a comma, giving one list of four values.)"""
+    if "=" not in s or not (";" in s or "or" in s) or len(s) > 500:
+        return s
+    groups = []
+    for part in _GROUP_SEP.split(s):
+        items = [_ASSIGN.fullmatch(x) for x in _split_top(part)] if part.strip() else []
+        if not items or None in items:
+            return s
+        groups.append({m.group(1): m.group(2).strip() for m in items})
+    names = list(groups[0]) if groups else []
+    if len(groups) < 2 or len(names) < 2 or any(len(g) != len(names) or set(g) != set(names) for g in groups):
+        return s
+    return ", ".join("(" + ", ".join(g[x] for x in names) + ")" for g in groups)
+
+
 def _equal(gold, pred, rtol):
     """Compare two final answers (not whole solutions)."""
     if len(gold) > MAX_ANSWER or len(pred) > MAX_ANSWER:
@@ -470,6 +497,9 @@ def _equal(gold, pred, rtol):
         return False
     if _key(g) == _key(p):
         return True
+    grouped = _solution_groups(gold), _solution_groups(pred)
+    if grouped != (gold, pred):  # `a = 2, b = 3; a = 3, b = 2`: solutions as tuples
+        (g, g_pct, g_deg), (p, p_pct, p_deg) = _clean(grouped[0]), _clean(grouped[1])
     m = _CHOICE.fullmatch(g)
     if m:
         return _choice(m.group(1), p.strip("* "))
