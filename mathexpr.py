@@ -876,6 +876,7 @@ def _last_math(s):
 
 # the end of the answer's sentence: a full stop, a new line, or a clause that explains it
 _SENTENCE_END = re.compile(r"\n|[.。](?:\s|$)|。|です|입니다|,?\s+(?:since|because|which|so|where|but|as)\b"
+                           r"|,\s*(?:not|nor|no|pas|nicht|non)\s|，\s*(?:不是|而不是|并非|而非)"
                            r"|\s+\((?:since|because|as|by|from|using)\b")
 _PROSE_ASCII = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}[ \t]+[a-zA-Z]{2,}(?![a-zA-Z]*\})")  # two words
 _PROSE = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]")  # ... or a letter of another script
@@ -889,10 +890,93 @@ _END_NUMBER = re.compile(r"(?:^|[\s:：]|(?<=[^\x00-\x7f]))(-?\d[\d,]*(?:\.\d+)?
                          r"(?:[^\s\d.,;:!?。！।a-zA-Z$\\]{1,3}\s*)?[.。!！।]?\s*$")  # "共有42个。", "7 है।", "4,75 €"
 
 
+# a number as prose writes it (1,250  1.234,50  3 200,75  3,5  0.25), with a currency sign before or
+# after it and a percent after it; not a digit of a name or a power (x2, m^2, a_1)
+_PROSE_NUMBER = re.compile(r"(?<![a-zA-Z0-9^_.,\\])([$€£¥₹]\s?)?(-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+,\d+"
+                           r"|\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:,\d+)?|\d+(?:[.,]\d+)?))(?![\d])(\s?(?:\\?%|％|[€£]))?")
+# where a sentence's clauses part: punctuation, a dash, and the words that lead to a conclusion
+_CLAUSE = re.compile(r"(?i)[;；，、،:：]|,(?!\d)|\s[—–-]\s|\b(?:so|thus|hence|therefore|then|donc|alors|así que"
+                     r"|por lo tanto|portanto|daher|also|итак|поэтому|значит|yani|bu yüzden)\b"
+                     r"|所以|因此|于是|故|따라서|したがって|よって|इसलिए|अतः|لذلك|إذن")
+_WHY = re.compile(r"(?i),?\s+(?:since|because|which|where|as|but|after|given)\b|\s\((?:since|because|as|by|from|using)\b")
+_NEGATED = re.compile(r"(?i)\b(?:not|no|never|cannot|nicht|kein\w*|pas|jamais|nunca|não|non|не|нет|değil)\b|n't\b"
+                      r"|不|没|沒|아니|ない|नहीं|ليس")
+# words that may close a sentence after the number and its unit: "in total", a copula (है, vardır, 입니다)
+_CLOSERS = {"in total", "in all", "altogether", "total", "overall", "each", "apiece", "left", "en total", "au total",
+            "en tout", "insgesamt", "im ganzen", "всего", "в сумме", "है", "हैं", "था", "थे", "vardır", "var",
+            "dır", "dir", "dur", "dür", "tır", "tir", "tur", "tür", "입니다", "です", "了"}
+# what before a number makes it an operand or a rank, not the value stated: "with 5", "than 5", "the first 8"
+_OPERAND_BEFORE = re.compile(r"(?i)(?:[-+*/^×÷<>]|\b(?:than|from|with|of|per|besides|except|first|last|next))\s*$")
+_PERCENT_WORD = re.compile(r"(?i)percent|per cent|pour ?cent|por ?ciento|prozent|процент\w*")
+_WIDE = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")  # CJK, kana, hangul: words not spaced
+
+
+def _counted(tail, more=True):
+    """Is `tail`, what follows a sentence's number, only what it counts: nothing, a unit or a noun of
+    one word ("7 Stunden", "30 طالبًا", "6个苹果", "5개입니다", "5'tir"), maybe after "more" ("20 more
+    stickers") and before closing words ("in total", है, vardır)? Not two content words ("12 billes
+    rouges" may count something else) nor an operand ("3 more than x", "2 times y")."""
+    words = tail.replace("*", " ").split()
+    while words and (words[-1].lower() in _CLOSERS or len(words) > 1 and " ".join(words[-2:]).lower() in _CLOSERS):
+        words = words[:-2] if " ".join(words[-2:]).lower() in _CLOSERS else words[:-1]
+    if more and len(words) == 2 and words[0].lower() in ("more", "fewer", "extra", "additional"):
+        words = words[1:]
+    if not words:
+        return True
+    if len(words) > 1 or re.search(r"[\d=+*/^<>(){}\[\]\\$]", words[0]):
+        return False
+    w = words[0]
+    if w.lower() in ("more", "less", "fewer", "times", "than", "of", "or", "and", "to", "per", "plus", "minus"):
+        return False
+    if re.fullmatch(r"[a-zA-Z]", w):
+        return w in "lmgsh"  # a variable, unless a unit (5 l, 3 m)
+    return len(w) <= (5 if _WIDE.search(w) else 20)
+
+
+def _sentence_number(s):
+    """The number the last sentence of s states, as a careful reader takes it: in the sentence's last
+    clause (a clause that rules a value out, "..., not 13", is passed over), the value after its last
+    '=' ("3 + 6 = 9 apples"), else its one number, when that is an amount of money or a percent ("She
+    earned $1,250 in total.", "So 35% passed.") or is followed only by what it counts (_counted);
+    None otherwise: two numbers ("had 18 and gave 6"), no number in the last clause ("There are 12
+    apples; we eat half."), an operand ("3 more than x", "with 5 apples", "$100 less than"), a negation."""
+    text = s[-300:].replace("**", "")
+    sentences = [x for x in re.split(r"(?<=[.!?])\s+|[。！？।\n]", text) if x.strip()]
+    if not sentences:
+        return None
+    last = _WHY.split(sentences[-1].strip(" \t.!?:"), maxsplit=1)[0]
+    clauses = [c for c in _CLAUSE.split(last) if c.strip()]
+    while clauses and _NEGATED.search(clauses[-1]):
+        clauses.pop()  # "..., not 13": the value is stated before what is ruled out
+    clause = clauses[-1] if clauses else ""
+    equation = "=" in clause
+    clause = clause[clause.rfind("=") + 1:]
+    nums = list(_PROSE_NUMBER.finditer(clause))
+    if len(nums) != 1:
+        return None
+    m = nums[0]
+    before, tail = clause[:m.start()], clause[m.end():].strip(" .,")
+    if _OPERAND_BEFORE.search(before) or \
+            re.match(r"(?i)(?:(?:more|less|fewer|greater|smaller|higher|lower|cheaper)\s+)?(?:than|times)\b", tail):
+        return None  # an operand: "with 5 apples", "$100 less than the bike", "2 times the base"
+    number = m.group(2)
+    if re.fullmatch(r"-?\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:,\d+)?", number):
+        number = re.sub(r"[ \u00a0\u202f]", "", number)  # 3 200,75 -> 3200,75 (the comma: see reward._equal)
+    elif re.fullmatch(r"-?\d{1,3}(?:\.\d{3})+,\d+", number):
+        number = number.replace(".", "")  # 1.234,50 -> 1234,50
+    if m.group(3) and "%" in m.group(3) or _PERCENT_WORD.fullmatch(tail):
+        return number + "%"
+    return number if m.group(1) or m.group(3) or _counted(tail, more=not equation) else None
+
+
+_WORD_THEN_NUMBER = r"(?:[^\W\d_]{2,}|a)\s+[$€£¥₹]?-?\d"  # "is de 3 200,75 €", "is a 40% increase", "is about 12"
+
+
 def _from_prose(s):
     """The value a sentence states: the math or number after its last 'is' / '=' ("The largest $n$ is
-    34." -> 34), else its last math span, else the number it ends with; s itself when it is not prose
-    or states none of these (a gold answer in words stays whole)."""
+    34." -> 34), else its last math span, else the number it ends with, else the number its last
+    sentence states (_sentence_number); s itself when it is not prose or states none of these (a gold
+    answer in words stays whole)."""
     outside = "".join(s.replace("$$", "$").split("$")[0::2]) if "$" in s else s
     if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)) and not (
             outside is not s and re.search(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}", outside)):  # "Hence, $x = 5$."
@@ -902,11 +986,15 @@ def _from_prose(s):
         pass
     if m is not None:
         tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
+        if _NEGATED.search(s[max(0, m.start() - 8):m.start()]) or _NEGATED.match(tail):
+            return s  # "La réponse n'est pas 25.", "答案不是5": a value denied is not stated
         first = next((x.strip() for x in _math_spans(tail) if x.strip()), None) if "$" in tail else \
             tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
         if first:  # the first math after the verb: "The minimum is $-2$, attained at $x = 1$."
             return first
-        if tail and not _PROSE.search(tail) and re.search(r"\d", tail):
+        if re.fullmatch(r"\(?[A-J]\)?", tail) and not _NEGATED.search(s[max(0, m.start() - 8):m.start()]):
+            return tail  # "The correct option is **(C)**, since (A) and (D) fail." (not "..., 不是A")
+        if tail and not _PROSE.search(tail) and re.search(r"\d", tail) and not re.match(_WORD_THEN_NUMBER, tail):
             return tail.strip("$ ")
         unit = _NUMBER_UNIT.fullmatch(tail)  # "The total is 9 apples.", "... = 12 cm"
         if unit:
@@ -918,7 +1006,10 @@ def _from_prose(s):
     if lead:
         return lead.group(1)
     end = _END_NUMBER.search(s[-200:])
-    return end.group(1) if end else s
+    if end and not _OPERAND_BEFORE.search(s[-200:][:end.start(1)]):  # not "3 more than 5."
+        return end.group(1)
+    number = _sentence_number(s)
+    return number if number is not None else s
 
 
 def _answer_is(s):

@@ -44,7 +44,16 @@ letter; `|x - c| < r` (<=, >, >=) is the set it describes over the reals, (c - r
 Rules of the third round (the same discipline): boxes apart only by spacing (`\ `), "and at", or
 one per item of a bulleted or numbered list are one answer, and so are `x_1 = \boxed{..}, x_2 =
 \boxed{..}`; solutions written as groups of the same names' values apart by `;` or "or" (`a = 2, b
-= 3; a = 3, b = 2`) are a list of tuples, and so is `(a, b) = (2, 3) or (3, 2)`.
+= 3; a = 3, b = 2`) are a list of tuples, and so is `(a, b) = (2, 3) or (3, 2)`; a prose sentence
+with no value after its verb states the number of its last clause (after the last '=' if it has one:
+"3 + 6 = 9 apples"), in any language, when that is the clause's only number and an amount of money
+("She earned $1,250 in total."), a percent ("So 35% passed.") or followed only by what it counts: one
+word, maybe after "more", before closing words ("7 Stunden", "6个苹果", "5개입니다", "5'tir", "56
+handshakes in total", "250 रुपये है"), but not two ("12 billes rouges" may count something else), nor
+an operand or a rank ("3 more than 5", "with 12", "the first 8", "$100 less than"), nor a denied value
+("n'est pas 25", "不是5"), and a clause that rules a value out ("..., not 13") is passed over;
+`1.234,50` and `3 200,75` are one number; after the verb, an option letter is the value ("The correct
+option is (C), since (A) and (D) fail.").
 
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
