@@ -574,8 +574,8 @@ def _clean(s):
         s = pattern.sub(repl, s)
     s = re.sub(r"(\d*)\.(\d*)\\overline\s*\{(\d+)\}", _repeating, s)
     s = _unwrap_text(s)
-    s, deg = re.subn(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ" + _NB + r"|\\circ" + _NB + r"|°|\\degree" + _NB
-                     + r"|\bdegrees?\s*$", " ", s)
+    s, deg = re.subn(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ" + _NB + r"|\\circ" + _NB + r"|°|\\degree" + _NB
+                     + r")(?:\s*[CF](?=\s*(?:$|[,;)\]])))?|\bdegrees?\s*$", " ", s)  # 30^\circ C: Celsius
     s, pct = re.subn(r"\\?%|\b(?:percent|per\s*cent|pct\.?)\s*$", " ", s)
     s = re.sub(r"\s+(?:and|or)\s+", ",", s)
     s = re.sub(r"\s+", " ", s).strip(" ,;:").rstrip(".")
@@ -747,6 +747,11 @@ def _structure(s):
     items = _split_top(s)
     if len(items) > 1:
         return ("list", _flat(items))
+    m = re.fullmatch(r"\\\{\s*([a-zA-Z])\s*(?:\\mid|\||:)(.+)\\\}", s) if s.startswith("\\{") else None
+    if m and re.search(rf"(?<![a-zA-Z\\]){m.group(1)}(?![a-zA-Z])", m.group(2)):
+        described = _structure(m.group(2).strip())  # {x | x > 3} is (3, inf): set-builder of an interval
+        if described[0] == "seq" or described[0] in ("list", "union") and all(x[0] == "seq" for x in described[1]):
+            return described
     if s.startswith("\\{") and s.endswith("\\}") and _enclosed(s[1:-2] + "}"):
         return ("set", _flat(_split_top(s[2:-2])))
     if len(s) > 1 and s[0] in "([" and s[-1] in ")]" and _enclosed(s):
@@ -972,15 +977,34 @@ def _sentence_number(s):
 _WORD_THEN_NUMBER = r"(?:[^\W\d_]{2,}|a)\s+[$€£¥₹]?-?\d"  # "is de 3 200,75 €", "is a 40% increase", "is about 12"
 
 
-def _from_prose(s):
+def _from_prose(s, dollars=False):
     """The value a sentence states: the math or number after its last 'is' / '=' ("The largest $n$ is
     34." -> 34), else its last math span, else the number it ends with, else the number its last
     sentence states (_sentence_number); s itself when it is not prose or states none of these (a gold
-    answer in words stays whole)."""
+    answer in words stays whole). With `dollars` (verify's reading of a text with no answer marker;
+    extraction for the reward keeps its math spans), when every `$` of s is followed by a digit they
+    are dollars, not math delimiters ("It cost $5 at first, so she paid $7 in total.")."""
+    dollars = dollars and "$" in s and re.search(r"(?<!\\)\$(?!\s?\d)", s) is None
+    text = re.sub(r"(?<!\\)\$(?=\s?\d)", "", s) if dollars else s
+    value = _prose_value(text)
+    return s if value is text else value
+
+
+# the value before 'is the answer': "x = 3 is the solution.", "So $n = 12$ is the answer."
+_IS_THE_ANSWER = re.compile(r"(?i)(?:^|[,:;]\s*|\b(?:so|thus|hence|therefore)\s+)\$?([^,:;$]{1,60}?)\$?\s+(?:is|are)\s+"
+                            r"(?:the|our|my)\s+(?:(?:only|final|correct|unique|required)\s+)?(?:answer|solution|result)s?"
+                            r"\s*[.!]?\s*$")
+
+
+def _prose_value(s):
+    """_from_prose's work on s, or s itself when s states no value."""
     outside = "".join(s.replace("$$", "$").split("$")[0::2]) if "$" in s else s
     if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)) and not (
             outside is not s and re.search(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}", outside)):  # "Hence, $x = 5$."
         return s
+    before = _IS_THE_ANSWER.search(s[-200:])
+    if before and not _PROSE_ASCII.search(before.group(1)) and re.search(r"\d", before.group(1)):
+        return before.group(1).strip()
     m = None
     for m in _IS.finditer(s):
         pass

@@ -53,7 +53,11 @@ handshakes in total", "250 रुपये है"), but not two ("12 billes rou
 an operand or a rank ("3 more than 5", "with 12", "the first 8", "$100 less than"), nor a denied value
 ("n'est pas 25", "不是5"), and a clause that rules a value out ("..., not 13") is passed over;
 `1.234,50` and `3 200,75` are one number; after the verb, an option letter is the value ("The correct
-option is (C), since (A) and (D) fail.").
+option is (C), since (A) and (D) fail."), and a prose answer against a letter is read as written
+(cleaning made "(B); (A) and (C) are ruled out" one list); in a text with no answer marker whose
+every `$` comes before a digit, the `$` are dollars; "x = 3 is the solution." states x = 3; `30^\circ
+C` (or F) is 30 degrees; against a number, `12 m^2` is 12 (square metres); `|a + b| = 5` labels 5
+like `|z| = 2`; a set-builder `\{x \mid x > 3\}` (also `:`, `|`) is the interval(s) it describes.
 
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
@@ -152,7 +156,7 @@ def _final_answer(s):
         ans = extract_answer(s)
         if ans is not None:
             return ans
-    return _from_prose(s)
+    return _from_prose(s, dollars=True)
 
 
 # ----------------------------------------------------------------------------- structures
@@ -267,7 +271,8 @@ def _constant(s):
 
 _NAME = r"(?:\\[a-zA-Z]+\s*\{[A-Za-z]+\}|\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
 # the label of a value: `|z|`, `AB:CD`, `V_1 : V_2`, `\frac{AB}{CD}` (besides _SIMPLE_LHS: x, f(3), a_n)
-_LABEL = re.compile(rf"\|{_NAME}\||{_NAME}(?:\s*[:/]\s*{_NAME})*|\\frac\{{{_NAME}\}}\{{{_NAME}\}}"
+_LABEL = re.compile(rf"\|{_NAME}\||\|(?:[a-zA-Z\\+\-*/ ^{{}}]|_\{{?\w{{1,3}}\}}?){{1,40}}\|"  # |z|, |a + b|
+                    rf"|{_NAME}(?:\s*[:/]\s*{_NAME})*|\\frac\{{{_NAME}\}}\{{{_NAME}\}}"
                     rf"|\\(?:sin|cos|tan|cot|sec|csc)\s*(?:\\angle\s*)?{_NAME}")  # \tan\theta = 2, \sin A = 3/5
 
 
@@ -510,14 +515,16 @@ def _equal(gold, pred, rtol):
     if grouped != (gold, pred):  # `a = 2, b = 3; a = 3, b = 2`: solutions as tuples
         (g, g_pct, g_deg), (p, p_pct, p_deg) = _clean(grouped[0]), _clean(grouped[1])
     m = _CHOICE.fullmatch(g)
-    if m:
-        return _choice(m.group(1), p.strip("* "))
+    if m:  # prose is read as written: cleaning makes `(B); (A) and (C)` one list
+        return _choice(m.group(1), (pred if _PROSE.search(pred) else p).strip("* "))
     m = re.fullmatch(r"\(([A-J])\)\s*(?!.*\([A-J]\))([^\s,;].*)", g) or \
         re.fullmatch(r"([A-J])[.:)]?\s+(?!(?:and|or)\b)([A-Za-z][a-z]+(?:\s+[A-Za-z][a-z]*)*)", g)
     # a gold `(C) 12` or `B Maria` (the option's text after its letter): the letter, or that text
     if m and _CHOICE.fullmatch(p.strip("* ")):
         return _choice(m.group(1), p.strip("* "))
     g = m.group(2) if m else g
+    if re.fullmatch(r"-?[\d.,]+", g):  # against a number, `12 m^2` is 12 square metres (a monomial in m otherwise)
+        p = re.sub(r"^(-?[\d.,]+)\s*m\s*(?:\^\s*\{?[23]\}?|[²³])$", r"\1", p)
     for a, b in ((p, g), (g, p)):  # a decimal comma (`3,5`) against a number written with a point
         if _DECIMAL_COMMA.fullmatch(a) and "," not in b and (a is p or "." in b):
             g, p = (g, a.replace(",", ".")) if a is p else (a.replace(",", "."), p)
