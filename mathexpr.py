@@ -518,7 +518,7 @@ _CLEAN = [(re.compile(p), r) for p, r in [  # applied in order by _clean
     (r"\\langle" + _NB, "("), (r"\\rangle" + _NB, ")"), (r"\^\s*\{\s*\\prime\s*\}|\^\s*\\prime" + _NB, "'"),
     (r"\b(?:np|math|sp|sympy)\.", ""), (r"\\mathbb\s*\{?R\}?", r"(-\\infty,\\infty)"),
     (r"−", "-"), (r"×", r"\\times "), (r"·", r"\\cdot "), (r"π", r"\\pi "), (r"∞", r"\\infty "),
-    (r"√", r"\\sqrt"), (r"[€£¥₹]|\\(?:euro|pounds)" + _NB, " "),  # currency signs (`\$` goes in _clean)
+    (r"√", r"\\sqrt"), (r"[€£¥₹＄]|\\(?:euro|pounds)" + _NB, " "),  # currency signs (`\$` goes in _clean)
     (r"\b(?:USD|EUR|GBP|INR|Rs\.?)\s*(?=\d)", ""),  # and currency codes before the amount
 ]]
 
@@ -897,7 +897,7 @@ _END_NUMBER = re.compile(r"(?:^|[\s:：]|(?<=[^\x00-\x7f]))(-?\d[\d,]*(?:\.\d+)?
 
 # a number as prose writes it (1,250  1.234,50  3 200,75  3,5  0.25), with a currency sign before or
 # after it and a percent after it; not a digit of a name or a power (x2, m^2, a_1)
-_PROSE_NUMBER = re.compile(r"(?<![a-zA-Z0-9^_.,\\])([$€£¥₹]\s?)?(-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+,\d+"
+_PROSE_NUMBER = re.compile(r"(?<![a-zA-Z0-9^_.,\\])([$＄€£¥₹]\s?)?(-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+,\d+"
                            r"|\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:,\d+)?|\d+(?:[.,]\d+)?))(?![\d])(\s?(?:\\?%|％|[€£]))?")
 # where a sentence's clauses part: punctuation, a dash, and the words that lead to a conclusion
 _CLAUSE = re.compile(r"(?i)[;；，、،:：]|,(?!\d)|\s[—–-]\s|\b(?:so|thus|hence|therefore|then|donc|alors|así que"
@@ -974,7 +974,7 @@ def _sentence_number(s):
     return number if m.group(1) or m.group(3) or _counted(tail, more=not equation) else None
 
 
-_WORD_THEN_NUMBER = r"(?:[^\W\d_]{2,}|a)\s+[$€£¥₹]?-?\d"  # "is de 3 200,75 €", "is a 40% increase", "is about 12"
+_WORD_THEN_NUMBER = r"(?:[^\W\d_]{2,}|a)\s+[$＄€£¥₹]?-?\d"  # "is de 3 200,75 €", "is a 40% increase", "is about 12"
 
 
 def _from_prose(s, dollars=False):
@@ -985,7 +985,7 @@ def _from_prose(s, dollars=False):
     extraction for the reward keeps its math spans), when every `$` of s is followed by a digit they
     are dollars, not math delimiters ("It cost $5 at first, so she paid $7 in total.")."""
     dollars = dollars and "$" in s and re.search(r"(?<!\\)\$(?!\s?\d)", s) is None
-    text = re.sub(r"(?<!\\)\$(?=\s?\d)", "", s) if dollars else s
+    text = re.sub(r"(?<!\\)\$(?=\s?\d)", "＄", s) if dollars else s  # a dollar sign that delimits nothing
     value = _prose_value(text)
     return s if value is text else value
 
@@ -1030,7 +1030,9 @@ def _prose_value(s):
     if lead:
         return lead.group(1)
     end = _END_NUMBER.search(s[-200:])
-    if end and not _OPERAND_BEFORE.search(s[-200:][:end.start(1)]):  # not "3 more than 5."
+    before = s[-200:][:end.start(1)] if end else ""
+    if end and not _OPERAND_BEFORE.search(before) and not re.search(r"\d[ \u00a0\u202f]$", before) \
+            and not _NEGATED.search(_CLAUSE.split(before)[-1]):  # not "3 more than 5.", "3 200", "..., pas 25."
         return end.group(1)
     number = _sentence_number(s)
     return number if number is not None else s

@@ -58,6 +58,9 @@ option is (C), since (A) and (D) fail."), and a prose answer against a letter is
 every `$` comes before a digit, the `$` are dollars; "x = 3 is the solution." states x = 3; `30^\circ
 C` (or F) is 30 degrees; against a number, `12 m^2` is 12 (square metres); `|a + b| = 5` labels 5
 like `|z| = 2`; a set-builder `\{x \mid x > 3\}` (also `:`, `|`) is the interval(s) it describes.
+Two false positives of the old rules closed: a text with two words of prose (or "not") is no
+product of symbols (`0 is not the answer` parsed as 0 * i * s * ...), and a sentence's last number
+is not its value when its clause rules it out ("Il reste 4 pommes, pas 5.").
 
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
@@ -374,9 +377,16 @@ def _sig_digits(s):
     return len((m.group(1) + m.group(2)).lstrip("0")) if m else None
 
 
+# two words of prose (not function names), or "not": `0 is not the answer` is no product of symbols (that is 0)
+_FN = r"(?!(?:arc\w*|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|log|exp|sqrt|ln|lg)\b)"
+_TWO_WORDS = re.compile(rf"(?<![\\a-zA-Z]){_FN}[a-zA-Z]{{2,}}[ \t]+{_FN}[a-zA-Z]{{2,}}|(?<![\\a-zA-Z])not(?![a-zA-Z])")
+
+
 def _value_equal(g, p, ctx, ratio=False):
     """Two scalar expressions: parsed, evaluated, compared; percent and degree readings tried."""
     rtol, g_pct, p_pct, g_deg, p_deg = ctx
+    if _TWO_WORDS.search(g) or _TWO_WORDS.search(p):
+        return False
     G, P = parse(g), parse(p)
     if G is None or P is None:
         return False
