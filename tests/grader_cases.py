@@ -545,3 +545,92 @@ ROUND3_BATCH1 = {
         (r"(3, \infty)", r"\{x \mid x > 3\}", T),
     ],
 }
+
+# Written after round 3's fixes to BATCH1, and measured before the code was touched again.
+ROUND3_BATCH2 = {
+    "several": [
+        ("0, 1", r"The fixed points are $x=\boxed{0}$ and $x=\boxed{1}$.", T),
+        ("(1, -1), (-1, 1)", r"\boxed{(x,y)=(1,-1)} \text{ and } \boxed{(x,y)=(-1,1)}", T),
+        ("-3, 3", r"\boxed{x=3} \quad \boxed{x=-3}", T),
+        ("-3, 3", r"\boxed{x = 3}", F),
+        ("2, 5", r"We get $x = 2$ (rejected, since $x > 3$) and $x = \boxed{5}$.", F),
+        ("m = 1, n = 4", r"\boxed{m=1,\ n=4}", T),
+        ("1, 4, 9", "The perfect squares are:\n1. $\\boxed{1}$\n2. $\\boxed{4}$\n3. $\\boxed{9}$", T),
+        ("p = 2, q = 3; p = 3, q = 2", r"\boxed{(p, q) \in \{(2, 3), (3, 2)\}}", T),
+    ],
+    "prose": [
+        ("48", "Entonces, el perímetro mide 48 cm.", T),
+        ("48", "Entonces, el perímetro mide 49 cm.", F),
+        ("15", "Alors, Marie a 15 ans.", T),
+        ("300", "Следовательно, он проехал 300 км.", T),
+        ("9", "所以，一共有 9 种不同的方法。", T),
+        ("4", "したがって、答えは 4 です。", T),
+        ("12", "Jadi, Budi memiliki 12 kelereng.", T),
+        ("3", "Quindi ci sono 3 soluzioni, non 4.", T),
+        ("4", "Quindi ci sono 3 soluzioni, non 4.", F),
+        ("60", "إذن السرعة تساوي 60 كم/ساعة.", T),
+    ],
+    "letters": [
+        ("A", "Only option A satisfies both conditions.", T),
+        ("A", "Option B fails the first condition, so the answer must be A.", T),
+        ("B", "Option B fails the first condition, so the answer must be A.", F),
+        ("E", "**Answer: (E)**", T),
+        ("C", "La opción correcta es la (C), porque (A) y (B) son falsas.", T),
+        ("D Paris", "Paris", T),
+        ("D Paris", "Lyon", F),
+        ("B", "Ни A, ни C не подходят, значит ответ B.", T),
+    ],
+    "number_forms": [
+        ("2500", "The car costs €2.500.", T),
+        ("0.5", "The probability is 0,5.", T),
+        ("75", "He scored 75 % on the test.", T),
+        ("1200000", "The city has 1,200,000 inhabitants.", T),
+        ("1200000", "The city has 1.2 million inhabitants.", T),
+        ("19.99", "Each ticket costs $19.99.", T),
+        ("1999", "Each ticket costs $19.99.", F),
+        ("8.5", "La distancia es de 8,5 km.", T),
+    ],
+    "debris": [
+        ("42", "Therefore, the answer is 42.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 6 times 9?", T),
+        ("54", "Therefore, the answer is 42.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 6 times 9?", F),
+        ("11", "Counting them gives 11 triangles.\n\nI hope it is correct.<|im_end|>\n<|endoftext|>", T),
+        ("8", "So Tom has 8 cards left. Hope this helps!<|im_end|>", T),
+        ("3", "The smallest prime factor is 3.<end_of_turn>\n<start_of_turn>user\nAnd the largest?", T),
+        ("7", "Adding gives 3 + 4 = 7.</s>", T),
+        ("4", "Adding gives 3 + 4 = 7.</s>", F),
+    ],
+    "escaped_latex": [
+        (r"\frac{4}{9}", r"$\\boxed{\\dfrac{4}{9}}$", T),
+        (r"\sqrt{5}", r"\\(\\boxed{\\sqrt5}\\)", T),
+        (r"\frac{1}{8}", r"\boxed{\tfrac18}", T),
+        (r"\frac{1}{8}", r"\boxed{\tfrac81}", F),
+        (r"3\sqrt{3}", r"\boxed{3\!\cdot\!\sqrt{3}}", T),
+        (r"2\pi", r"\\boxed{2\\pi}", T),
+        (r"\frac{\pi}{4}", r"\boxed{\frac\pi4}", T),
+        ("1000000", r"\boxed{1\,000\,000}", T),
+    ],
+    "sets": [
+        (r"(-\infty, 2) \cup (6, \infty)", r"\boxed{|x-4|>2}", T),
+        ("[-5, 5]", r"\boxed{|t| \leq 5}", T),
+        ("(-5, 5)", r"\boxed{|t| \leq 5}", F),
+        (r"(-4, -2) \cup (2, 4)", r"\boxed{2<|x|<4}", T),
+        ("[1, 3]", r"\{x : 1 \le x \le 3\}", T),
+        (r"\begin{pmatrix} 0.25 & 0.75 \end{pmatrix}", r"\begin{pmatrix} \tfrac14 & \tfrac34 \end{pmatrix}", T),
+        (r"\begin{pmatrix} 0.43 \\ 0.57 \end{pmatrix}", r"\begin{pmatrix} 3/7 \\ 4/7 \end{pmatrix}", T),
+        (r"\begin{pmatrix} 0.43 \\ 0.57 \end{pmatrix}", r"\begin{pmatrix} 3/7 \\ 5/7 \end{pmatrix}", F),
+        (r"x \in (-\infty, -3] \cup [3, \infty)", r"|x| \ge 3", T),
+    ],
+}
+
+# Rows of the two batches this grader still misjudges (not asserted; every other row is). BATCH1 has
+# none left; these are BATCH2's misses as measured, before the code was touched again.
+ROUND3_MISSES = [
+    ("15", "Alors, Marie a 15 ans."),                      # not read as prose: no two words of 2+ letters
+    ("9", "所以，一共有 9 种不同的方法。"),                   # the counted noun phrase is 6 characters long
+    ("60", "إذن السرعة تساوي 60 كم/ساعة."),               # a unit with a slash is not one word
+    ("A", "Only option A satisfies both conditions."),    # the option is stated mid-sentence, no verb before it
+    ("C", "La opción correcta es la (C), porque (A) y (B) son falsas."),  # "porque" explains, as "since" does
+    ("B", "Ни A, ни C не подходят, значит ответ B."),     # "ни ... ни" rules A and C out
+    ("2500", "The car costs €2.500."),                    # a dot for thousands: 2.5 against a number with none
+    ("1200000", "The city has 1.2 million inhabitants."),  # a scale word
+]
