@@ -64,6 +64,9 @@ CLASSES = {
         ('9', '9 pct', T),
         ('0.09', '9 pct', T),
         ('5.40', 'USD 5.40', T),
+        # round 3: from KNOWN_MISSES, fixed
+        ("30", "30^{\\circ}C", T),
+        ("12", "12 m^2", T),
     ],
     # answers in prose in other languages
     "languages": [
@@ -97,6 +100,8 @@ CLASSES = {
         ('5', 'La réponse est donc $5$.', T),
         ('5', 'Ответ: 5 яблок.', T),
         ('6', 'Ответ: 5 яблок.', F),
+        # round 3: from KNOWN_MISSES, fixed
+        ("5", "Yani cevap 5'tir.", T),
     ],
     # the wrong span taken from prose
     "prose": [
@@ -124,6 +129,8 @@ CLASSES = {
         ('8', '<answer>9</answer>', F),
         ('5', 'Hence, $x = 5$.', T),
         ('8', 'Hence, $x = 5$.', F),
+        # round 3: from KNOWN_MISSES, fixed (reward.py's docstring, rules of the third round)
+        ("3", "x = 3 is the solution.", T),
     ],
     # multiple-choice letters
     "choices": [
@@ -148,6 +155,8 @@ CLASSES = {
         ('\\textbf{(C)}\\ 12', '12', T),
         ('\\textbf{(C)}\\ 12', 'D', F),
         ('\\textbf{(C)}\\ 12', '13', F),
+        # round 3: from KNOWN_MISSES, fixed in round 2 without being moved
+        ("B", "The answer is B, not C.", T),
     ],
     # a labelled gold against the bare value, and the reverse
     "labels": [
@@ -172,6 +181,8 @@ CLASSES = {
         ('\\sin A = \\frac{3}{5}', '\\frac{3}{5}', T),
         ('k = 2', '3', F),
         ('r = 2', '|z| = 3', F),
+        # round 3: from KNOWN_MISSES, fixed
+        ("|a+b| = 5", "5", T),
     ],
     # relations: \lt \gt \le \geq, flipped inequalities, chains and intervals
     "relations": [
@@ -281,14 +292,8 @@ CLASSES = {
 }
 
 # Rows of the same classes that this grader still misjudges (written with the rows above; not asserted).
-KNOWN_MISSES = [
-    ("3", "x = 3 is the solution.", T),         # the value is before the verb, not after it
-    ("B", "The answer is B, not C.", T),        # "not C" reads as naming a second option
-    ("30", "30^{\\circ}C", T),                 # a unit glued after the degree sign
-    ("12", "12 m^2", T),                        # a one-letter unit with a power could be a variable
-    ("5", "Yani cevap 5'tir.", T),              # Turkish: no marker, and the number does not end it
-    ("|a+b| = 5", "5", T),                      # a label with an expression in it reads as an equation
-]
+# Round 3 fixed the six that were left and moved them into the tables above.
+KNOWN_MISSES = []
 
 # ----------------------------------------------------------------------------- round 2 (issue 26)
 # Two batches per class of misjudgement of the second round, kept apart so each round can measure
@@ -441,19 +446,9 @@ ROUND2_BATCH2 = {
     ],
 }
 
-# Rows of the two batches this grader still misjudges (not asserted; every other row is).
-ROUND2_MISSES = [
-    ("B", "It must be (B); (A) and (C) are ruled out."),   # the cleaned text joins "(B); (A)" into one list
-    ("1250", "She earned $1,250 in total."),              # a dollar sign read as the start of math
-    ("25", "The discount is 25% of the price."),          # a percent with three words after it
-    ("9", "We find 3 + 6 = 9 apples.\n<|im_start|>assistant"),  # "= 9 apples": no verb before the value
-    ("(2, 3), (3, 2)", r"\boxed{(3,2)}\ \text{and}\ \boxed{(2,3)}"),  # `\ ` between the boxes
-    ("120", "Итак, всего 120 рублей."),                   # no verb, and a unit word after the number
-    ("5", "따라서 답은 5개입니다."),                         # the counter and the polite ending glued on
-    ("21", "Also beträgt die Summe 21 Euro."),            # "beträgt" is not a verb the grader knows
-    ("35", "So 35% of the students passed."),             # the value mid-sentence
-    ("15", "In total she has 15 marbles.<|im_start|>user\nWhat about 3?"),  # "has": not a verb it knows
-]
+# Rows of the two batches this grader still misjudged (not asserted; every other row is). Round 3
+# fixed all ten (the rules of the third round in reward.py's docstring), so every row is asserted.
+ROUND2_MISSES = []
 
 # ----------------------------------------------------------------------------- round 3 (issue 26)
 # The same discipline as round 2: BATCH1 was written before any change of the third round and
