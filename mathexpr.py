@@ -897,8 +897,8 @@ _END_NUMBER = re.compile(r"(?:^|[\s:：]|(?<=[^\x00-\x7f]))(-?\d[\d,]*(?:\.\d+)?
 
 # a number as prose writes it (1,250  1.234,50  3 200,75  3,5  0.25), with a currency sign before or
 # after it and a percent after it; not a digit of a name or a power (x2, m^2, a_1)
-_PROSE_NUMBER = re.compile(r"(?<![a-zA-Z0-9^_.,\\])([$＄€£¥₹]\s?)?(-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+,\d+"
-                           r"|\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?:,\d+)?|\d+(?:[.,]\d+)?))(?![\d])(\s?(?:\\?%|％|[€£]))?")
+_PROSE_NUMBER = re.compile(r"(?<![a-zA-Z0-9^_.,\\])([$＄€£¥₹]\s?)?(-?(?:[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]+)?|[0-9]{1,3}(?:\.[0-9]{3})+,[0-9]+"
+                           r"|[0-9]{1,3}(?:[ \u00a0\u202f][0-9]{3})+(?:,[0-9]+)?|[0-9]+(?:[.,][0-9]+)?))(?![0-9])(\s?(?:\\?%|％|[€£]))?")
 # where a sentence's clauses part: punctuation, a dash, and the words that lead to a conclusion
 _CLAUSE = re.compile(r"(?i)[;；，、،:：]|,(?!\d)|\s[—–-]\s|\b(?:so|thus|hence|therefore|then|donc|alors|así que"
                      r"|por lo tanto|portanto|daher|also|итак|поэтому|значит|yani|bu yüzden)\b"
@@ -946,10 +946,15 @@ def _sentence_number(s):
     None otherwise: two numbers ("had 18 and gave 6"), no number in the last clause ("There are 12
     apples; we eat half."), an operand ("3 more than x", "with 5 apples", "$100 less than"), a negation."""
     text = s[-300:].replace("**", "")
+    if not re.search(r"[0-9]", text[-120:]):
+        return None  # the last clause has no number (a cheap test first: most texts reaching here are not prose)
     sentences = [x for x in re.split(r"(?<=[.!?])\s+|[。！？।\n]", text) if x.strip()]
     if not sentences:
         return None
-    last = _WHY.split(sentences[-1].strip(" \t.!?:"), maxsplit=1)[0]
+    last = sentences[-1].strip(" \t.!?:")
+    if re.search(r"\\(?!\$)|[{}]", last):
+        return None  # LaTeX outside math delimiters: not a sentence of prose (and no cost on LaTeX soup)
+    last = _WHY.split(last, maxsplit=1)[0]
     clauses = [c for c in _CLAUSE.split(last) if c.strip()]
     while clauses and _NEGATED.search(clauses[-1]):
         clauses.pop()  # "..., not 13": the value is stated before what is ruled out
@@ -1002,7 +1007,8 @@ def _prose_value(s):
     if not (_PROSE_ASCII.search(outside) if outside.isascii() else _PROSE.search(outside)) and not (
             outside is not s and re.search(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}", outside)):  # "Hence, $x = 5$."
         return s
-    before = _IS_THE_ANSWER.search(s[-200:])
+    low = s[-200:].lower()
+    before = _IS_THE_ANSWER.search(s[-200:]) if " the " in low or " our " in low or " my " in low else None
     if before and not _PROSE_ASCII.search(before.group(1)) and re.search(r"\d", before.group(1)):
         return before.group(1).strip()
     m = None

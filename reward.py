@@ -385,7 +385,7 @@ _TWO_WORDS = re.compile(rf"(?<![\\a-zA-Z]){_FN}[a-zA-Z]{{2,}}[ \t]+{_FN}[a-zA-Z]
 def _value_equal(g, p, ctx, ratio=False):
     """Two scalar expressions: parsed, evaluated, compared; percent and degree readings tried."""
     rtol, g_pct, p_pct, g_deg, p_deg = ctx
-    if _TWO_WORDS.search(g) or _TWO_WORDS.search(p):
+    if any((" " in x or "\t" in x or "not" in x) and _TWO_WORDS.search(x) for x in (g, p)):
         return False
     G, P = parse(g), parse(p)
     if G is None or P is None:
@@ -498,8 +498,8 @@ def _solution_groups(s):
     """`a = 2, b = 3; a = 3, b = 2` (solutions apart by `;` or 'or', each a list of values of the same
     two or more names) as the list of tuples `(2, 3), (3, 2)`, in the first solution's order of the
     names; else s. (_clean would read the `;` as a comma, giving one list of four values.)"""
-    if "=" not in s or not (";" in s or "or" in s) or len(s) > 500:
-        return s
+    if s.count("=") < 4 or not (";" in s or "or" in s) or len(s) > 500:
+        return s  # two solutions of two names have four '='
     groups = []
     for part in _GROUP_SEP.split(s):
         items = [_ASSIGN.fullmatch(x) for x in _split_top(part)] if part.strip() else []
