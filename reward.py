@@ -32,7 +32,7 @@ equations match up to a constant factor; `3,5` is 3.5 against a number (`10,455`
 
 Rules of the second round (each as a careful human grader would read it; no rule may turn a wrong
 answer right, so a number the text only contains, an intermediate step or a ruled-out option stays
-wrong): boxes joined by `\quad \text{and} \quad` (or `\,`, `\;`) are one answer, like boxes joined
+wrong): boxes joined by `\\quad \\text{and} \\quad` (or `\\,`, `\\;`) are one answer, like boxes joined
 by commas or "and"; a response's closing sign-off ("I hope it is correct.", "Hope this helps!") is
 not its last sentence; after "is", a number with a unit of one or two words is the value ("The total
 is 9 apples." -> 9, but not "3 more than x"); a sentence that ends in a number with a counter or a
@@ -41,9 +41,9 @@ out in so many words ("B, not A or C", "(A) and (C) are ruled out", "B，不是A
 named, so one letter left is the answer; a gold `B Maria` (the option's letter and text) takes the
 letter; `|x - c| < r` (<=, >, >=) is the set it describes over the reals, (c - r, c + r) or two rays.
 
-Rules of the third round (the same discipline): boxes apart only by spacing (`\ `), "and at", or
-one per item of a bulleted or numbered list are one answer, and so are `x_1 = \boxed{..}, x_2 =
-\boxed{..}`; solutions written as groups of the same names' values apart by `;` or "or" (`a = 2, b
+Rules of the third round (the same discipline): boxes apart only by spacing (`\\ `), "and at", or
+one per item of a bulleted or numbered list are one answer, and so are `x_1 = \\boxed{..}, x_2 =
+\\boxed{..}`; solutions written as groups of the same names' values apart by `;` or "or" (`a = 2, b
 = 3; a = 3, b = 2`) are a list of tuples, and so is `(a, b) = (2, 3) or (3, 2)`; a prose sentence
 with no value after its verb states the number of its last clause (after the last '=' if it has one:
 "3 + 6 = 9 apples"), in any language, when that is the clause's only number and an amount of money
@@ -55,9 +55,9 @@ an operand or a rank ("3 more than 5", "with 12", "the first 8", "$100 less than
 `1.234,50` and `3 200,75` are one number; after the verb, an option letter is the value ("The correct
 option is (C), since (A) and (D) fail."), and a prose answer against a letter is read as written
 (cleaning made "(B); (A) and (C) are ruled out" one list); in a text with no answer marker whose
-every `$` comes before a digit, the `$` are dollars; "x = 3 is the solution." states x = 3; `30^\circ
+every `$` comes before a digit, the `$` are dollars; "x = 3 is the solution." states x = 3; `30^\\circ
 C` (or F) is 30 degrees; against a number, `12 m^2` is 12 (square metres); `|a + b| = 5` labels 5
-like `|z| = 2`; a set-builder `\{x \mid x > 3\}` (also `:`, `|`) is the interval(s) it describes.
+like `|z| = 2`; a set-builder `\\{x \\mid x > 3\\}` (also `:`, `|`) is the interval(s) it describes.
 Two false positives of the old rules closed: a text with two words of prose (or "not") is no
 product of symbols (`0 is not the answer` parsed as 0 * i * s * ...), and a sentence's last number
 is not its value when its clause rules it out ("Il reste 4 pommes, pas 5.").
