@@ -54,6 +54,10 @@ def setup_distributed():
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
+    # Every rank past its connections before any goes on: a rank that stops at once on bad input
+    # (its one-line error, os._exit) would otherwise close its end while a slower peer is still
+    # connecting, and that peer would die with gloo's "Connection closed by peer" traceback.
+    dist.barrier()
     return dist.get_rank(), dist.get_world_size(), device
 
 
