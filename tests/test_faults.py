@@ -262,16 +262,19 @@ def test_a_reward_that_raises_or_hangs_gives_zero_and_is_counted(monkeypatch):
 def test_reward_errors_are_counted_and_too_many_stop_the_run(tmp_path, tiny_model_dir):
     """5% of responses raise and 5% hang: counted, rewards 0, the run goes on. 30% each: the run
     stops at step 1 with the error named, before any update."""
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf", steps=2, backend="hf", reward_timeout=0.2,
+    # reward_timeout 1 s: the injected hangs (1000 s) pass it, a loaded machine's ordinary calls do not
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf", steps=2, backend="hf", reward_timeout=1.0,
                          max_reward_errors=0.5)
     run(cfg, patch=("--toy-reward", "--reward-fails", "0.05"))
     rows = metrics(out)
     assert sum(r["reward/errors"] for r in rows) > 0 and sum(r["reward/timeouts"] for r in rows) > 0
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf_stop", steps=2, backend="hf", reward_timeout=0.2)
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf_stop", steps=2, backend="hf", reward_timeout=1.0)
     res = run(cfg, patch=("--toy-reward", "--reward-fails", "0.3"), check=False)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
-    assert "error: step 1: " in res.stderr and "(max_reward_errors=0.1); first: ValueError: grader bug" \
-        in res.stderr, res.stderr[-3000:]
+    # the first failure named, whichever kind it is (the sampled responses decide)
+    assert re.search(r"error: step 1: \d+ reward calls raised and \d+ timed out of \d+ \(max_reward_errors=0\.1\); "
+                     r"first: (ValueError: grader bug|took over reward_timeout=1\.0s) \(rank \d", res.stderr), \
+        res.stderr[-3000:]
     assert not os.path.exists(os.path.join(out, "metrics.jsonl")) or not metrics(out)
 
 
