@@ -824,27 +824,34 @@ def _prepare(text):
     return text
 
 
+_BARE_BOX = re.compile(r"[^\s$]+")  # `\boxed 5`: the token after it
+
+
 def _last_boxed(s):
     """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
     belong with it joined by ', ': boxes directly before it (only commas, 'and', `$`, spacing, a list
     item's bullet between: _JOIN_GAP, under 300 characters), or one box per labelled part
     (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
     boxes, match = [], None
-    for m in _BOXED.finditer(s):
+    for m in reversed(list(_BOXED.finditer(s))):  # from the last: at most 20 boxes are joined
         j = m.end()
         if j < len(s) and s[j] == "{":
             match = _brace_map(s) if match is None else match
             if j not in match:
                 continue  # unbalanced, e.g. truncated output
-            boxes.append((m.start(), match[j] + 1, s[j + 1:match[j]]))
+            box = (m.start(), match[j] + 1, s[j + 1:match[j]])
         else:
-            tok = re.match(r"[^\s$]+", s[j:j + 200])
-            if tok:
-                boxes.append((m.start(), j + tok.end(), tok.group()))
-    boxes = [b for b in boxes if b[2].strip()]
+            tok = _BARE_BOX.match(s, j, j + 200)
+            if not tok:
+                continue
+            box = (m.start(), tok.end(), tok.group())
+        if box[2].strip():
+            boxes.append(box)
+            if len(boxes) == 20:
+                break
     if not boxes:
         return None
-    boxes = boxes[-20:]  # at most 20 boxes are joined
+    boxes.reverse()
     # a part label in the text before each box (after the box before it, within 300 characters)
     labelled = [bool(_PART.search(s, max(boxes[k - 1][1] if k else 0, b[0] - 300), b[0]))
                 for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [False] * len(boxes)
