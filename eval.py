@@ -469,8 +469,9 @@ def write_table(paths, out):
     """The Markdown table of several results.json (one protocol) at `out`, and a CSV beside it.
 
     A row per run (method, seed, checkpoint); for each method and checkpoint name (step_000500)
-    with runs of two or more seeds, a row of their mean with its interval over seeds; then the
-    paper's reported numbers, marked as a reference: they come from the paper's own protocol.
+    with runs of two or more seeds, a row of their mean with its interval over seeds; then, under
+    the paper preset, the paper's reported numbers, marked as a reference: they come from the
+    paper's own protocol (beside other benchmarks they would only mislead).
     -> the Markdown text."""
     results = []
     for path in paths:
@@ -513,7 +514,7 @@ def write_table(paths, out):
         if len(runs) > 1:
             rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
                          seed_cells([cells for _, cells in runs.values()])))
-    for method, numbers in PAPER_REPORTED.items():
+    for method, numbers in PAPER_REPORTED.items() if first["preset"] == "paper" else ():
         rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
                      {c: (numbers[c], None) for c in cols if c in numbers}))
 

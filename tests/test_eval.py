@@ -235,6 +235,15 @@ def test_the_table_a_row_per_run_the_mean_over_seeds_and_the_paper_as_reference(
     assert len(csv) == 1 + 3 + 1 + 2
 
 
+def test_the_papers_numbers_stand_beside_the_paper_protocol_only(tmp_path):
+    custom = {"preset": None, "benchmarks": {"held_out": {"n": 4, "problems": 2}}, "temperature": 1.0,
+              "top_p": 1.0, "max_new_tokens": 64, "prompt_template": "Q {problem}", "max_problems": None,
+              "grader": "rule"}
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"held_out": [1, 0.5]}, protocol=custom)
+    text = ev.write_table([a], str(tmp_path / "table.md"))
+    assert "as reported by the TEPO paper" not in text and "| tepo (seed 0, tepo-s0/step_000100) |" in text
+
+
 def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
     """Two results of one method, seed and checkpoint (evaluated twice): the mean over seeds would
     count one of them silently; it is an error naming both files."""
