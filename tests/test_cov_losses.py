@@ -188,6 +188,11 @@ for i in range(12):                      # 12 responses of 3-8 tokens
 # rank 0 holds 3 responses (which hold 5 of the 6 largest covariances, see the test), rank 1 the rest
 idx = list(range(12)) if world == 1 else [7, 10, 11] if rank == 0 else [0, 1, 2, 3, 4, 5, 6, 8, 9]
 mine = [items[i] for i in idx]
+# Each token's random key fixed by the token (not by the rank that holds it), so that Clip-Cov's
+# draw over two ranks can be compared with one process's, token for token.
+gk = torch.Generator().manual_seed(11)
+token_keys = [torch.rand(len(lp), generator=gk, dtype=torch.float64) for lp, _, _ in items]
+train.cov_keys = lambda shape, generator: torch.cat([token_keys[i] for i in idx])[:, None]
 out = {}
 for method, extra in (("klcov", {"cov_ratio": 0.1}), ("clipcov", {"cov_ratio": 0.1, "cov_lb": 0.05, "cov_ub": 3.0})):
     cfg = tepo.LossConfig.preset(method, **extra)
@@ -221,7 +226,8 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path):
     """12 responses (66 tokens, n = 6), 3 on rank 0 and 9 on rank 1. KL-Cov's top share over two
     ranks is exactly one process's, and the reference's on the whole batch; per rank (each its own
     means and its own n = max(1, 10% of its tokens)) it would not be. Clip-Cov draws n = 6 tokens
-    from the whole mini-batch's candidates over two ranks as over one."""
+    from the whole mini-batch's candidates over two ranks as over one: with each token's random key
+    fixed, the same 6, the candidates with the largest keys."""
     one, two = selections(tmp_path, 1), selections(tmp_path, 2)
     g = torch.Generator().manual_seed(7)
     items = []
@@ -248,8 +254,19 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path):
     cand = verl_clip_cov_candidates(logp, old, adv, mask, cfg)
     cand = {(int(i), int(t)) for i, t in cand.nonzero()}
     assert len(cand) > n
-    for sel in (one["clipcov"], two["clipcov"]):
-        assert len(sel) == n and sel <= cand
+    # the draw: the n candidates with the largest keys of the whole mini-batch, on one rank or two
+    gk = torch.Generator().manual_seed(11)
+    token_keys = [torch.rand(len(lp), generator=gk, dtype=torch.float64) for lp, _, _ in items]
+    drawn = set(sorted(cand, key=lambda it: token_keys[it[0]][it[1]].item(), reverse=True)[:n])
+    assert one["clipcov"] == two["clipcov"] == drawn
+    # each rank drawing its own max(1, 10%) from its own candidates would not give that
+    per_rank = set()
+    for rows in ([7, 10, 11], [0, 1, 2, 3, 4, 5, 6, 8, 9]):
+        own = verl_clip_cov_candidates(logp[rows], old[rows], adv[rows], mask[rows], cfg)
+        own = [(rows[int(i)], int(t)) for i, t in own.nonzero()]
+        k = max(1, int(0.1 * mask[rows].sum()))
+        per_rank |= set(sorted(own, key=lambda it: token_keys[it[0]][it[1]].item(), reverse=True)[:k])
+    assert per_rank != drawn
 
 
 def test_every_preset_is_in_the_readmes_losses_table():
