@@ -179,6 +179,29 @@ def test_the_cov_selection_is_the_mini_batchs_whatever_the_micro_batches(tmp_pat
     assert first.get("loss/entropy_bonus", -1) < 0
 
 
+def test_cov_batch_microbatch_selects_within_each_micro_batch(tmp_path, tiny_model_dir):
+    """KL-Cov with `cov_batch: microbatch` (verl's): with the whole mini-batch in one micro-batch
+    it selects what `minibatch` selects (same means, same count, same ranking), so every metric
+    agrees; cut into one sequence per micro-batch, each takes its own max(1, floor(2% of <= 24
+    tokens)) = 1 token, about twice the mini-batch's 2%."""
+    common = dict(steps=2, num_minibatches=2, backend="hf", lr=1e-4, method="klcov")
+    keys = ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_selected_frac", "reward/mean")
+    runs = {}
+    for name, cov_batch, tokens in (("mini", "minibatch", 100000), ("micro_one", "microbatch", 100000),
+                                    ("micro_many", "microbatch", 1)):
+        cfg, out = setup_run(tmp_path, tiny_model_dir, name, micro_batch_tokens=tokens,
+                             loss={"cov_ratio": 0.02, "cov_batch": cov_batch}, **common)
+        run(cfg)
+        runs[name] = metrics(out)
+    for ra, rb in zip(runs["mini"], runs["micro_one"]):
+        for k in keys:
+            assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), k
+    first = runs["mini"][1]
+    assert first["actor/grad_norm"] > 0 and first["actor/cov_selected_frac"] > 0
+    many = runs["micro_many"][0]["actor/cov_selected_frac"]
+    assert many > 1.5 * runs["mini"][0]["actor/cov_selected_frac"], many
+
+
 def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tiny_model_dir):
     """Step 1 updates; from step 2 on every loss is NaN: steps 2-4 are skipped and logged, then the
     run stops, saving step 4's state as a resume would need it (weights of step 1, data position
