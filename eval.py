@@ -219,7 +219,8 @@ def parse_args(argv=None):
     ap.add_argument("--data-dir", default=os.environ.get("TEPO_DATA_DIR", "data"),
                     help="where benchmark files are found (default: $TEPO_DATA_DIR, else data/)")
     ap.add_argument("--data", nargs="+", default=[], metavar="FILE",
-                    help="extra JSONL benchmark files, named by their stem")
+                    help="extra JSONL benchmark files, named by their stem; without --benchmarks "
+                         "they are the only ones (a preset's seven included)")
     # -n / --num-samples: under torchrun, whose parser takes `--n` for an abbreviation of its own.
     ap.add_argument("-n", "--n", "--num-samples", dest="n", type=int,
                     help="samples per problem (default 16; 1 with --greedy)")
