@@ -355,8 +355,8 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
     the number of ranks, and equal eval.py's on the checkpoint with the same settings).
 
     Chunk c (problems c x chunk_size ...) is sampled by one generate call seeded
-    rollout.derive_seed(seed, name, c), on rank c mod world. Each record: {"index", "problem", "gold", "samples": [...],
-    "metrics": problem_metrics}. Problems whose prompt leaves no room to generate (`context`) get n
+    rollout.derive_seed(seed, name, c), on rank c mod world. Each record: {"index", "problem",
+    "gold", "samples": [...], "metrics": problem_metrics}. Problems whose prompt leaves no room to generate (`context`) get n
     empty, wrong samples (finish "prompt_too_long"). judge(text, gold) -> (answer or None, correct)
     (make_judge); a call that raises or runs over reward_timeout seconds makes the sample wrong,
     marked grader_failed.
@@ -367,7 +367,8 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
         t = time.time()
         outs = dict(zip(fits, engine.generate(
             [prompt_ids[i] for i in fits], n=n, max_new_tokens=max_new_tokens,
-            temperature=temperature, top_p=top_p, seed=rollout.derive_seed(seed, name, c)))) if fits else {}
+            temperature=temperature, top_p=top_p,
+            seed=rollout.derive_seed(seed, name, c)))) if fits else {}
         if clock is not None:
             clock["generate_s"] += time.time() - t
         for i in idx:
@@ -622,8 +623,9 @@ def main(argv=None):
     samples_path = os.path.splitext(args.out)[0] + "_samples.jsonl"
     cfg = train_config(args.ckpt)
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
+    prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
-           "protocol": protocol(args, plan, results, data.build_prompt(tokenizer, "{problem}", args.template)),
+           "protocol": protocol(args, plan, results, prompt),
            "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},
                       "k": one([ks for _, ks in plan.values()]) or {b: ks for b, (_, ks) in plan.items()},

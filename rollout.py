@@ -362,8 +362,8 @@ class VLLMEngine:
         """Copy (transformers name, tensor) pairs into the live model; the next generate uses them.
 
         Accepts a generator (buckets are fine) of full tensors (policy.full_weights gathers an
-        FSDP2 model's shards); `lm_head.weight` is skipped when the embeddings are tied. The prefix cache is reset, since its KV was computed by the old
-        weights.
+        FSDP2 model's shards); `lm_head.weight` is skipped when the embeddings are tied. The
+        prefix cache is reset, since its KV was computed by the old weights.
         """
         weights = _hf_names(named_tensors, self.tied)
         self.llm.collective_rpc(_load_weights_into_worker, args=(weights,))

@@ -49,8 +49,9 @@ mini-batch on all ranks, so the choice does not depend on how the batch is cut (
 it before the mini-batch's update, from an extra forward pass without grad); "microbatch" selects
 within each micro-batch, as verl does. Its tokens (`cov_tokens`) are ours too: "trained" (default),
 those of the responses with A != 0, which the update forwards anyway; "all", every response token,
-as verl does (the update then forwards the A = 0 responses too: one forward and backward more). Any method may add an entropy bonus, aggregated like the policy loss, over
-every response token (those of A = 0 responses too):
+as verl does (the update then forwards the A = 0 responses too: one forward and backward more).
+Any method may add an entropy bonus, aggregated like the policy loss, over every response token
+(those of A = 0 responses too):
     loss -= entropy_coef * agg(H)                                          (entropy_coef 0: off)
 
 Off by default, for every method: a correction of the sampler/trainer mismatch (the sampler's
