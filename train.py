@@ -545,8 +545,8 @@ def update_metrics(run, *, sums, steps, step):
     key_sets = [None] * run.world  # a rank that trained on nothing has no keys: gather them
     dist.all_gather_object(key_sets, sorted(sums))
     keys = sorted(set().union(*key_sets))
-    fill = {"actor/ratio_min": math.inf, "actor/ratio_max": -math.inf}
-    local = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}
+    fill = {k: math.inf if op == "min" else -math.inf for k, op in tepo.METRIC_REDUCE.items()}
+    local = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}  # what a rank without the key adds
     over_ranks = {"sum": all_ranks(local), "min": all_ranks(local, "min"), "max": all_ranks(local, "max")}
     n = max(len(steps), 1)
     metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k] / n
