@@ -616,7 +616,7 @@ def main(argv=None):
                       f"context of {max_model_len} tokens; their samples count as wrong")
     t_end = time.time()
     if rank != 0:
-        dist.destroy_process_group()
+        policy.end_distributed()  # waits for rank 0's, after the files are written
         return None
     tokens = sum(m["generated_tokens"] for m in results.values())
     problems = sum(m["problems"] for m in results.values())
@@ -656,7 +656,7 @@ def main(argv=None):
           f"{t['total_s']:.1f}s with start-up) on {world} rank(s)\nwrote {args.out} and "
           f"{samples_path}")
     if world > 1:
-        dist.destroy_process_group()
+        policy.end_distributed()
     return out
 
 

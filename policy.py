@@ -61,6 +61,27 @@ def setup_distributed():
     return dist.get_rank(), dist.get_world_size(), device
 
 
+EXIT_GRACE_S = 0.05  # end_distributed's pause with the GIL released
+
+
+def end_distributed():
+    """Leave the process group, last of all, on every rank: a barrier, destroy_process_group, then
+    a pause of EXIT_GRACE_S with the GIL released.
+
+    The pause works around a race in torch 2.13's gloo backend. A gloo worker thread frees a
+    finished collective's tensors after the caller has gone on; one that Python has let go of
+    needs the GIL to be freed, and if the interpreter is shutting down by then, the thread's wait
+    for the GIL ends it inside a noexcept C++ frame: "terminate called without an active
+    exception", SIGABRT, and torchrun calls a finished run a failure (exit code -6). After FSDP's
+    all-gathers it hit ~1 two-rank exit in 8 (bench/bench_exit.py); a barrier alone does not
+    close it (the freeing thread may still be behind it), the pause does (the thread takes the GIL
+    as soon as the main thread sleeps).
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+    time.sleep(EXIT_GRACE_S)
+
+
 def all_ranks(values, op="sum"):
     """Reduce a dict of named numbers over all ranks in one collective -> dict of floats.
 

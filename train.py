@@ -42,8 +42,8 @@ from config import Config, UserError, config_dict, load_config  # noqa: F401  (t
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
 import eval as ev
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
-                    full_tensor, full_weights, load_policy, load_training_state, run_main,
-                    save_checkpoint, set_rng_states, setup_distributed)
+                    end_distributed, full_tensor, full_weights, load_policy, load_training_state,
+                    run_main, save_checkpoint, set_rng_states, setup_distributed)
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
@@ -171,7 +171,7 @@ def main(argv=None):
                         kl_old=f"{record.get('actor/kl_old') or 0:.1e}",
                         mismatch=f"{record.get('mismatch/abs_mean') or 0:.1e}",
                         s_per_step=f"{record['timing/step']:.1f}")
-    dist.destroy_process_group()  # first, on every rank alike: rank 0's trackers take a while
+    end_distributed()  # first, on every rank alike: rank 0's trackers take a while
     for tracker in run.trackers:
         tracker.close()
 

@@ -157,7 +157,7 @@ try:
     print("SHARED", flush=True)
 except RuntimeError as e:
     print("ERROR", e, flush=True)
-dist.destroy_process_group()
+policy.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
 '''
 
 

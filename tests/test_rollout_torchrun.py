@@ -14,7 +14,7 @@ WORKER = textwrap.dedent('''
     import os, sys
     import torch, torch.distributed as dist
     from transformers import AutoModelForCausalLM
-    import rollout
+    import policy, rollout
 
     def max_error(model, groups):
         """Largest |sampler - transformers| log-prob over all response tokens (temperature 1)."""
@@ -52,9 +52,8 @@ WORKER = textwrap.dedent('''
         dist.all_reduce(total)  # the trainer's group still works
         assert total.item() == 3.0
         engine.close()  # ... and survives the engine
-        dist.barrier()
         print(f"RANK {rank} OK", flush=True)
-        dist.destroy_process_group()
+        policy.end_distributed()
 ''')
 
 
