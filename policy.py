@@ -73,7 +73,7 @@ def end_distributed():
     needs the GIL to be freed, and if the interpreter is shutting down by then, the thread's wait
     for the GIL ends it inside a noexcept C++ frame: "terminate called without an active
     exception", SIGABRT, and torchrun calls a finished run a failure (exit code -6). After FSDP's
-    all-gathers it hit ~1 two-rank exit in 8 (bench/bench_exit.py); a barrier alone does not
+    all-gathers it hit 1 two-rank exit in 5 to 8 (bench/bench_exit.py); a barrier alone does not
     close it (the freeing thread may still be behind it), the pause does (the thread takes the GIL
     as soon as the main thread sleeps).
     """
