@@ -36,7 +36,7 @@ class Config:
     top_p: float = 1.0                   # nucleus sampling (1.0 keeps sampler and trainer exact)
     num_minibatches: int = 4             # optimizer steps per RL step
     micro_batch_tokens: int = 16384      # tokens per forward/backward on one rank
-    micro_batch_layout: str = "packed"   # packed | grouped (the layout of before): train.micro_batches
+    micro_batch_layout: str = "packed"   # packed | grouped (the layout of before): packing.micro_batches
     lr: float = 1e-6                     # AdamW peak learning rate
     lr_schedule: str = "constant"        # constant | cosine, after the warm-up
     warmup_steps: int = 0                # RL steps of linear warm-up

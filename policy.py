@@ -1,5 +1,6 @@
 """The policy's weights and processes: the process group, the model loaded with dropout off and
-sharded with FSDP2, its full weights gathered, and checkpoints saved atomically and restored.
+sharded with FSDP2, its full weights gathered, and checkpoints saved atomically and restored (the
+run's logs cut back to the checkpoint resumed).
 
 A checkpoint out_dir/step_XXXXXX is an HF model directory (transformers, vLLM and eval.py load it)
 plus `optim/` (torch.distributed.checkpoint, one shard per rank), `trainer_state.json`,
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-import tepo
+import packing
 from config import UserError, config_dict
 
 
@@ -135,7 +136,7 @@ def watch_launcher(parent, period=LAUNCHER_POLL_S):
 
 def load_model(path):
     """An HF causal LM in fp32 with every dropout off, set in the config before the model is built,
-    attending with tepo.segment_attention (SDPA, and the packed layout's segments).
+    attending with packing.segment_attention (SDPA, and the packed layout's segments).
 
     The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
     Built modules copy their dropout rate from the config at construction (Qwen2's attention
@@ -151,7 +152,7 @@ def load_model(path):
     for m in model.modules():  # and any nn.Dropout the config does not name
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    return tepo.use_segment_attention(model)  # packed micro-batches (train.micro_batches)
+    return packing.use_segment_attention(model)  # packed micro-batches (packing.micro_batches)
 
 
 def load_policy(path, cfg, device, trainable=True):
@@ -396,6 +397,26 @@ def checkpoint_to_resume(out_dir, resume, overwrite, rank):
                         f"run's: continue from the newest with --resume alone, or branch off into a new "
                         f"out_dir (--set out_dir=...)")
     return resume
+
+
+def cut_back_log(path, step):
+    """Keep the lines of a JSONL log up to `step` (a resumed run logs the later ones again; None:
+    none, a fresh start). A line cut off by a kill or a full disk mid-write is dropped, and said."""
+    lines = open(path, "rb").read().splitlines(keepends=True) if step is not None and os.path.exists(path) else []
+    kept, torn = [], 0
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+        except (ValueError, KeyError, TypeError):  # half a line; JSONDecodeError is a ValueError
+            torn += 1
+    if torn:
+        print(f"--resume: dropped {torn} torn line(s) of {path} (a write cut off by a kill or a full "
+              f"disk); kept the {len(kept)} whole line(s) up to step {step}")
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
 
 
 def check_checkpoint(ckpt, model_dir, world):

@@ -515,58 +515,17 @@ METRIC_REDUCE = {"actor/ratio_min": "min", "actor/ratio_max": "max"}
 # ----------------------------------------------------------------------------- a model's log-probs
 
 
-def segment_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                      segments=None, **kwargs):
-    """Attention over a packed row, one segment at a time: the exact variable-length path on any
-    device. query (1, H, T, D), key and value (1, KVH, T, D) -> (1, T, H, D).
-
-    `segments` (from the model call's keyword arguments; HF passes them through every layer, and
-    through activation checkpointing's recompute) lists (start, end, prompt_start, prompt_end): a
-    prompt attends causally to itself (prompt_end = 0); a response attends to its prompt and
-    causally to itself (bottom-right causal over prompt + response keys). So one prompt serves all
-    the responses packed after it, and no token sees another sequence. Without `segments` this is
-    SDPA as usual (prompt-only and dummy calls, the reference model's other uses).
-    """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    if segments is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
-    from torch.nn.attention.bias import causal_lower_right
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    out = []
-    for s, e, ps, pe in segments:
-        if pe == 0:
-            out.append(sdpa(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                            scale=scaling, enable_gqa=True))
-        else:
-            k = torch.cat([key[:, :, ps:pe], key[:, :, s:e]], dim=2)
-            v = torch.cat([value[:, :, ps:pe], value[:, :, s:e]], dim=2)
-            out.append(sdpa(query[:, :, s:e], k, v, attn_mask=causal_lower_right(e - s, k.shape[2]),
-                            scale=scaling, enable_gqa=True))
-    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
-
-
-def use_segment_attention(model):
-    """Make `model` (a transformers model) attend with segment_attention: the same as SDPA until a
-    call passes `segments`. -> model"""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-    AttentionInterface.register("tepo_segments", segment_attention)
-    AttentionMaskInterface.register("tepo_segments", sdpa_mask)  # else HF builds no mask at all
-    model.set_attn_implementation("tepo_segments")
-    return model
-
-
 def response_logprobs(model, batch, temperature, with_entropy):
     """Log-probs (b, R) of a micro-batch's b responses under `model`, and their entropy (b, R) or
-    None. Two layouts (train.collate makes them):
+    None. Two layouts (packing.collate makes them):
 
     "packed" (train.py's): one row (1, T) holding each prompt once, then its responses, with no
     padding: "ids", "pos" (positions: a response goes on from its prompt's length), "segments"
-    (segment_attention: which keys each segment sees), "keep" (K,) the row positions whose logits
-    predict the K response tokens "targets" (1, K) (a response's first token is predicted from its
-    prompt's last position, so that position is kept once per response), and "spans" (b, R) where
-    each response's tokens lie in those K (padding: any). Every position computed is a real token.
+    (packing.segment_attention: which keys each segment sees), "keep" (K,) the row positions
+    whose logits predict the K response tokens "targets" (1, K) (a response's first token is
+    predicted from its prompt's last position, so that position is kept once per response), and
+    "spans" (b, R) where each response's tokens lie in those K (padding: any). Every position
+    computed is a real token.
 
     "grouped" (the layout of before, to measure against): "prompt" (1, p) and its b responses
     "resp" (b, R) right-padded to the longest; the prompt runs once and its KV cache is repeated
@@ -592,7 +551,8 @@ def response_logprobs(model, batch, temperature, with_entropy):
     first = token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
                                    with_entropy)                # the first token, from the prompt
     # Always a second call, even for R = 1 (its last position is dropped): every FSDP forward is a
-    # collective, so each micro-batch must make the same calls on every rank (train.lockstep_forwards).
+    # collective, so each micro-batch must make the same calls on every rank
+    # (packing.lockstep_forwards).
     logits = model(input_ids=resp, past_key_values=cache, use_cache=True).logits[:, :-1]
     rest = token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy)
     logp = torch.cat([first[0], rest[0]], dim=1)

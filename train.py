@@ -20,6 +20,7 @@ this order, taking keyword arguments and returning a record or its metrics:
 The ranks work in lock-step wherever the model runs (every forward and backward of an FSDP2 model
 is a collective): lockstep_forwards, global_counts and the metric reductions say so.
 Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
+How sequences become micro-batches, dealt over the ranks and forwarded in lock-step: packing.py.
 TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
 """
 import argparse
@@ -41,9 +42,10 @@ import tepo
 from config import Config, UserError, config_dict, load_config  # noqa: F401  (train.Config too)
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
 import eval as ev
+from packing import balance_ranks, lockstep_forwards
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
-                    end_distributed, full_tensor, full_weights, load_policy, load_training_state,
-                    run_main, save_checkpoint, set_rng_states, setup_distributed)
+                    cut_back_log, end_distributed, full_tensor, full_weights, load_policy,
+                    load_training_state, run_main, save_checkpoint, set_rng_states, setup_distributed)
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
@@ -375,42 +377,6 @@ def make_sequences(groups, *, cfg, rank=0):
                                  in_loss=a != 0 or cfg.loss_cfg.every_response_in_loss,
                                  rollout_logp=torch.tensor(s.logprobs, dtype=torch.float32)))
     return [[seqs[i] for i in idx] for idx in np.array_split(np.arange(len(seqs)), cfg.num_minibatches)]
-
-
-def balance_ranks(minibatches):
-    """Deal each global mini-batch's sequences over the ranks so that every rank computes about the
-    same number of tokens. A collective. -> this rank's mini-batches
-
-    Each rank samples its own prompts, so one rank may hold far more tokens than another (response
-    lengths vary widely), and lock-step makes every rank wait for the busiest. The loss and its
-    gradient do not change: every normalisation is by global counts, and mini-batch k still holds
-    the same sequences over all ranks. The longest units go first, each to the least-loaded rank
-    (ties: the lowest); a unit is the part of a group in the mini-batch, so that its prompt still
-    runs once.
-    """
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if world == 1:
-        return minibatches
-    everyone = [None] * world
-    dist.all_gather_object(everyone, minibatches)
-    return [deal([part[k] for part in everyone])[rank] for k in range(len(minibatches))]
-
-
-def deal(parts):
-    """balance_ranks' rule on one mini-batch: [sequences held by rank r] -> [sequences dealt to
-    rank r], the same on every rank. Units (a group's sequences: its prompt once, its responses),
-    largest first, each to the least-loaded rank."""
-    units = {}
-    for part in parts:
-        for s in part:
-            units.setdefault(s.gid, []).append(s)
-    cost = {key: len(u[0].prompt) + sum(len(s.resp) for s in u) for key, u in units.items()}
-    load, out = [0] * len(parts), [[] for _ in parts]
-    for key in sorted(units, key=lambda key: (-cost[key], key)):
-        r = min(range(len(parts)), key=lambda r: (load[r], r))
-        load[r] += cost[key]
-        out[r] += units[key]
-    return out
 
 
 # ----------------------------------------------------------------------------- 3. the old policy
@@ -762,27 +728,7 @@ def save_or_stop(run, *, step):
                            f"step {step + 1}, saved in {path} (older checkpoints kept)")
 
 
-def cut_back_log(path, step):
-    """Keep the lines of a JSONL log up to `step` (a resumed run logs the later ones again; None:
-    none, a fresh start). A line cut off by a kill or a full disk mid-write is dropped, and said."""
-    lines = open(path, "rb").read().splitlines(keepends=True) if step is not None and os.path.exists(path) else []
-    kept, torn = [], 0
-    for line in lines:
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line if line.endswith(b"\n") else line + b"\n")
-        except (ValueError, KeyError, TypeError):  # half a line; JSONDecodeError is a ValueError
-            torn += 1
-    if torn:
-        print(f"--resume: dropped {torn} torn line(s) of {path} (a write cut off by a kill or a full "
-              f"disk); kept the {len(kept)} whole line(s) up to step {step}")
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
-
-
-# ----------------------------------------------------------------------------- ranks in lock-step
+# ----------------------------------------------------------------------------- counts over the ranks
 
 
 def global_counts(minibatches):
@@ -795,145 +741,6 @@ def global_counts(minibatches):
     total = all_ranks(local)
     return [Counts(total[f"{k}/tokens"], total[f"{k}/seqs"], total[f"{k}/trained"])
             for k in range(len(minibatches))]
-
-
-def lockstep_forwards(model, seqs, *, cfg, device, with_entropy, grad=False):
-    """Yield (micro-batch, collated batch, logp (b, R), entropy (b, R) or None) for `seqs`, in
-    micro-batches of about cfg.micro_batch_tokens tokens (micro_batches; cfg.micro_batch_layout).
-    A collective.
-
-    Why lock-step: every forward of an FSDP2 model all-gathers its weights with the other ranks,
-    and every backward reduce-scatters the gradients, so all ranks must make the same number of
-    calls whatever their share of the work. After its own micro-batches a rank makes one-token
-    dummy calls (contributing nothing) until it has made as many as the busiest rank. With `grad`,
-    the caller runs each yielded batch's backward before asking for the next.
-    """
-    layout, rows = cfg.micro_batch_layout, cfg.activation_checkpointing  # rows: HF keeps no cache
-    mbs = micro_batches(seqs, cfg.micro_batch_tokens, layout)
-    busiest = int(all_ranks({"n": len(mbs)}, "max")["n"])
-    for mb in mbs:
-        batch = collate(mb, device, layout, rows)
-        with torch.set_grad_enabled(grad):
-            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy)
-        yield mb, batch, logp, ent
-    for _ in range(busiest - len(mbs)):
-        dummy_forward(model, backward=grad, layout=layout, rows=rows)
-
-
-def dummy_forward(model, *, backward, layout, rows):
-    """The calls of a one-token micro-batch in `layout`, contributing nothing: see
-    `lockstep_forwards`."""
-    device = next(model.parameters()).device
-    one = Sequence((0, 0), [0], [0], 0.0, False, torch.zeros(1))
-    with torch.set_grad_enabled(backward):
-        logp, _ = tepo.response_logprobs(model, collate([one], device, layout, rows), 1.0, False)
-    if backward:
-        logp.sum().mul(0.0).backward()
-
-
-# ----------------------------------------------------------------------------- batches
-
-
-def micro_batches(seqs, budget, layout="packed"):
-    """Split sequences into micro-batches (one forward and backward each) of about `budget`
-    computed positions.
-
-    "packed": each prompt's responses (its part of the set) with the prompt once, as a unit of
-    p + sum(R_i) real tokens; units, largest first, fill micro-batches of at most `budget` tokens
-    (a unit that alone passes it is cut into several, each with its own copy of the prompt).
-    Nothing is padded. "grouped" (the layout of before): one prompt's responses, padded to the
-    longest, b x (p + R) <= budget.
-    """
-    groups = {}
-    for s in seqs:
-        groups.setdefault(s.gid, []).append(s)
-    out = []
-    if layout == "packed":
-        units = []
-        for group in groups.values():
-            cur, size = [], len(group[0].prompt)
-            for s in group:
-                if cur and size + len(s.resp) > budget:
-                    units.append(cur)
-                    cur, size = [], len(group[0].prompt)
-                cur.append(s)
-                size += len(s.resp)
-            units.append(cur)
-        size = lambda unit: len(unit[0].prompt) + sum(len(s.resp) for s in unit)  # noqa: E731
-        cur = []
-        for unit in sorted(units, key=size, reverse=True):
-            if cur and sum(map(size, cur)) + size(unit) > budget:
-                out.append([s for u in cur for s in u])
-                cur = []
-            cur.append(unit)
-        return out + [[s for u in cur for s in u]] if cur else out
-    for group in groups.values():
-        group = sorted(group, key=lambda s: len(s.resp), reverse=True)
-        cur = []
-        for s in group:  # cur[0] is the longest: its length is the padded length
-            if cur and (len(cur) + 1) * (len(s.prompt) + len(cur[0].resp)) > budget:
-                out.append(cur)
-                cur = []
-            cur.append(s)
-        out.append(cur)
-    return out
-
-
-def computed_tokens(mbs, layout="packed", rows=False):
-    """The positions a forward of these micro-batches computes, padding included: each prompt once
-    plus every response token (packed); p + b x R per micro-batch of one prompt (grouped), or
-    b x (p + R) when every row holds its own prompt (`rows`: activation checkpointing)."""
-    if layout == "packed":
-        return sum(sum({s.gid: len(s.prompt) for s in mb}.values()) + sum(len(s.resp) for s in mb)
-                   for mb in mbs)
-    return sum((len(mb) if rows else 1) * len(mb[0].prompt) + len(mb) * max(len(s.resp) for s in mb)
-               for mb in mbs)
-
-
-def collate(mb, device, layout="packed", rows=False):
-    """The tensors of one micro-batch for tepo.response_logprobs, in `layout` (see there):
-    "packed": one row (1, T) of each prompt once then its responses, their positions (1, T), the
-    attention segments, the K logits to keep and their targets (1, K), and each response's span
-    in them (b, R); "grouped": the one prompt (1, p) (and `rows`: a copy in every row). Both: the
-    responses right-padded to (b, R), and (b, R) response tensors: mask, and whichever per-token
-    values all the sequences carry (old/ref/rollout log-probs). All: the reference pass takes
-    trained responses from every mini-batch, and when a group is split over mini-batches only
-    those past the first carry old log-probs yet."""
-    R = max(len(s.resp) for s in mb)
-    resp = torch.zeros(len(mb), R, dtype=torch.long)
-    mask = torch.zeros(len(mb), R)
-    for b, s in enumerate(mb):
-        resp[b, :len(s.resp)] = torch.tensor(s.resp)
-        mask[b, :len(s.resp)] = 1
-    out = {"resp": resp, "mask": mask, "adv": torch.tensor([s.adv for s in mb], dtype=torch.float32)}
-    if layout == "packed":
-        ids, pos, segments, keep, targets, spans = [], [], [], [], [], torch.zeros(len(mb), R, dtype=torch.long)
-        prompt_at = {}  # gid -> (start, end) of its prompt in the row
-        for b, s in enumerate(mb):
-            if s.gid not in prompt_at:
-                prompt_at[s.gid] = (len(ids), len(ids) + len(s.prompt))
-                segments.append((len(ids), len(ids) + len(s.prompt), 0, 0))
-                ids += s.prompt
-                pos += range(len(s.prompt))
-            ps, pe = prompt_at[s.gid]
-            start = len(ids)
-            segments.append((start, start + len(s.resp), ps, pe))
-            ids += s.resp
-            pos += range(pe - ps, pe - ps + len(s.resp))
-            spans[b] = len(keep) + torch.arange(R).clamp(max=len(s.resp) - 1)
-            keep += [pe - 1] + list(range(start, start + len(s.resp) - 1))  # what predicts each token
-            targets += s.resp
-        out.update(ids=torch.tensor([ids]), pos=torch.tensor([pos]), keep=torch.tensor(keep),
-                   targets=torch.tensor([targets]), spans=spans, segments=segments)
-    else:
-        out["prompt"] = torch.tensor([mb[0].prompt])
-        out["rows"] = rows
-    for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp", "cov_sel"):
-        if all(getattr(s, key) is not None for s in mb):
-            out[key] = torch.zeros(len(mb), R, dtype=torch.bool if key == "cov_sel" else torch.float32)
-            for b, s in enumerate(mb):
-                out[key][b, :len(s.resp)] = getattr(s, key)
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------- schedules

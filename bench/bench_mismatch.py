@@ -9,7 +9,7 @@ The GPU config samples with vLLM in bf16 (`dtype: bfloat16`) and trains with FSD
 the sampler's weights, so the log-probs should agree up to numerics. For each model this bench
 samples one fixed batch (generate seed 1234) with vLLM (in-process, rollout.make_engine) in float32 and in
 bfloat16, then recomputes the log-probs of the very same responses with the trainer's code
-(tepo.response_logprobs over train.micro_batches/collate, packed as in training) in four trainer modes:
+(tepo.response_logprobs over packing.micro_batches/collate, packed as in training) in four trainer modes:
   fp32          policy.load_policy, FSDP2 over a 1-rank gloo group, train_dtype float32
   bf16-fsdp2    policy.load_policy with train_dtype bfloat16: MixedPrecisionPolicy(param bf16,
                 reduce fp32), the GPU path (falls back to autocast, printing the error, if it fails)
@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import torch  # noqa: E402
 
 import data  # noqa: E402
+import packing  # noqa: E402
 import policy  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
@@ -83,7 +84,7 @@ def trainer_models(model_dir, temperature):
     try:
         m = policy.load_policy(model_dir, train.Config(**base, train_dtype="bfloat16"),
                               torch.device("cpu"), trainable=True)
-        probe = train.collate([train.Sequence((0, 0), [0, 0], [0, 0, 0], 0.0, True, torch.zeros(3))], "cpu")
+        probe = packing.collate([train.Sequence((0, 0), [0, 0], [0, 0, 0], 0.0, True, torch.zeros(3))], "cpu")
         tepo.response_logprobs(m, probe, temperature, False)[0].sum().backward()
         m.zero_grad(set_to_none=True)
         out["bf16-fsdp2"] = (m, False)
@@ -96,8 +97,8 @@ def trainer_models(model_dir, temperature):
 
 def trainer_logprobs(model, autocast, seqs, args, grad=False):
     out = {}
-    for mb in train.micro_batches(seqs, args.micro_batch_tokens):
-        batch = train.collate(mb, "cpu")
+    for mb in packing.micro_batches(seqs, args.micro_batch_tokens):
+        batch = packing.collate(mb, "cpu")
         with torch.set_grad_enabled(grad), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
             logp, _ = tepo.response_logprobs(model, batch, args.temperature, False)
         for b, s in enumerate(mb):

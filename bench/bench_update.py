@@ -16,15 +16,15 @@ of early Qwen2.5-Math responses divided by 8 is 88:62:384), or `uniform:CAP`, un
 (bench_step's random model: its responses run to ~the cap); random token ids of those lengths.
 
 Layouts: "packed" is train.py's (each prompt once, then its responses, several prompts per row,
-no padding: tepo.segment_attention); "grouped" is the per-group layout of before (one prompt's
+no padding: packing.segment_attention); "grouped" is the per-group layout of before (one prompt's
 responses padded to the longest; micro_batch_layout=grouped). Timed in turn, --repeats times, the
 median reported.
 
-Padded/real: the positions a layout computes (train.computed_tokens, padding included) over the
+Padded/real: the positions a layout computes (packing.computed_tokens, padding included) over the
 real ones (each sequence's prompt and response tokens; a prompt counted once per micro-batch that
 runs it once), over the step's passes. The rank balance (--ranks N, no timing): N ranks of 64
 responses each, the busiest rank's real tokens over the mean, as sampled (each rank its own
-prompts) and after train.balance_ranks' dealing (without launching N processes: the same rule).
+prompts) and after packing.balance_ranks' dealing (without launching N processes: the same rule).
 
 --methods A B ...: instead of the two layouts, these methods' steps in train.py's layout, timed in
 turn (e.g. dapo against clipcov and klcov, whose selection of tokens over the mini-batch costs a
@@ -46,6 +46,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
+import packing  # noqa: E402
 import policy  # noqa: E402
 import train  # noqa: E402
 from demo import DEMO_TEMPLATE, generate_rows, make_tiny_model  # noqa: E402
@@ -91,14 +92,14 @@ def step_passes(seqs):
 
 
 def padded_over_real(seqs, cfg):
-    """(computed, real) positions over one step's passes in cfg's layout: train.computed_tokens
+    """(computed, real) positions over one step's passes in cfg's layout: packing.computed_tokens
     (padding included) against each sequence's prompt and response tokens, a prompt counted once
     per micro-batch that runs it once (and per row where every row holds a copy)."""
     rows = cfg.activation_checkpointing and cfg.micro_batch_layout == "grouped"
     computed = real = 0
     for part in step_passes(seqs):
-        mbs = train.micro_batches(part, cfg.micro_batch_tokens, cfg.micro_batch_layout)
-        computed += train.computed_tokens(mbs, cfg.micro_batch_layout, rows)
+        mbs = packing.micro_batches(part, cfg.micro_batch_tokens, cfg.micro_batch_layout)
+        computed += packing.computed_tokens(mbs, cfg.micro_batch_layout, rows)
         for mb in mbs:
             real += sum(len(s.resp) for s in mb) + (sum(len(s.prompt) for s in mb) if rows
                                                     else sum({s.gid: len(s.prompt) for s in mb}.values()))
@@ -117,12 +118,12 @@ def time_step(run, seqs):
 
 def rank_balance(spec, ranks, seed, tokenizer):
     """The busiest rank's tokens over the mean (worst mini-batch; each prompt once): as each rank
-    sampled its own prompts, and as train.deal (balance_ranks' rule) deals them."""
+    sampled its own prompts, and as packing.deal (balance_ranks' rule) deals them."""
     per_rank = [minibatches(make_batch(spec, seed, tokenizer, r)) for r in range(ranks)]
     tokens = lambda ss: sum(len(s.resp) for s in ss) + sum({s.gid: len(s.prompt) for s in ss}.values())  # noqa: E731
     worst = lambda loads: max(loads) / statistics.mean(loads)  # noqa: E731
     before = max(worst([tokens(mbs[k]) for mbs in per_rank]) for k in range(4))
-    after = max(worst([tokens(d) for d in train.deal([mbs[k] for mbs in per_rank])]) for k in range(4))
+    after = max(worst([tokens(d) for d in packing.deal([mbs[k] for mbs in per_rank])]) for k in range(4))
     return before, after
 
 

@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r'''
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import train, tepo, policy
+import train, tepo, policy, packing
 from transformers import AutoModelForCausalLM
 dist.init_process_group("gloo")
 rank, path = dist.get_rank(), sys.argv[1]
@@ -34,12 +34,12 @@ def forwards(model, my_seqs, share, fsdp, layout="packed"):
     tcfg = train.Config(model="m", train_data="d", micro_batch_tokens=40, temperature=1.0,
                         activation_checkpointing=not share, micro_batch_layout=layout)
     if fsdp:
-        for _, b, logp, _ in train.lockstep_forwards(model, my_seqs, cfg=tcfg, device=torch.device("cpu"),
+        for _, b, logp, _ in packing.lockstep_forwards(model, my_seqs, cfg=tcfg, device=torch.device("cpu"),
                                                      with_entropy=False, grad=True):
             yield b, logp
         return
-    for mb in train.micro_batches(my_seqs, budget=40, layout="grouped"):
-        b = train.collate(mb, torch.device("cpu"), "grouped", rows=not share)
+    for mb in packing.micro_batches(my_seqs, budget=40, layout="grouped"):
+        b = packing.collate(mb, torch.device("cpu"), "grouped", rows=not share)
         yield b, tepo.response_logprobs(model, b, 1.0, False)[0]
 
 def grads(model, my_seqs, share, fsdp, layout="packed"):
@@ -66,7 +66,7 @@ for layout in ("grouped", "packed"):
 # All on rank 0, none on rank 1: balance_ranks deals them out (by groups: each prompt runs once),
 # and the gradient stays.
 fsdp.zero_grad(set_to_none=True)
-(dealt,) = train.balance_ranks([seqs if rank == 0 else []])
+(dealt,) = packing.balance_ranks([seqs if rank == 0 else []])
 tokens = [None, None]
 dist.all_gather_object(tokens, sum(len(s.resp) for s in dealt) + sum({s.gid: len(s.prompt) for s in dealt}.values()))
 assert min(tokens) > 0 and max(tokens) / (sum(tokens) / 2) < 1.10, tokens

@@ -4,6 +4,7 @@ import torch
 import yaml
 
 import data
+import packing
 import rollout
 import tepo
 import train
@@ -73,27 +74,27 @@ def ragged_seqs():
 
 def test_grouped_micro_batches_hold_one_prompt_within_the_token_budget():
     seqs = ragged_seqs()
-    mbs = train.micro_batches(seqs, budget=60, layout="grouped")
+    mbs = packing.micro_batches(seqs, budget=60, layout="grouped")
     assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in seqs)
     for mb in mbs:
         assert len({s.gid for s in mb}) == 1                         # one prompt per micro-batch
         assert len(mb) * (len(mb[0].prompt) + max(len(s.resp) for s in mb)) <= 60 or len(mb) == 1
-    assert len(train.micro_batches(seqs, budget=10**6, layout="grouped")) == 3   # one per prompt
-    assert train.computed_tokens(mbs, "grouped") == sum(len(mb[0].prompt) + len(mb) * len(mb[0].resp)
+    assert len(packing.micro_batches(seqs, budget=10**6, layout="grouped")) == 3   # one per prompt
+    assert packing.computed_tokens(mbs, "grouped") == sum(len(mb[0].prompt) + len(mb) * len(mb[0].resp)
                                                          for mb in mbs)
 
 
 def test_packed_micro_batches_hold_each_prompt_once_and_no_padding():
     seqs = ragged_seqs()   # prompts of 5, 2, 4 tokens; responses (3, 17, 9, 9), (30, 2, 11), (1,)
-    mbs = train.micro_batches(seqs, budget=60, layout="packed")
+    mbs = packing.micro_batches(seqs, budget=60, layout="packed")
     assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in seqs)
     # units (a prompt once + its responses): 5 + 38 = 43, 2 + 43 = 45, 4 + 1 = 5; largest first
     assert [[len(s.resp) for s in mb] for mb in mbs] == [[30, 2, 11], [3, 17, 9, 9, 1]]   # 45 | 43 + 5
-    assert train.computed_tokens(mbs, "packed") == 45 + 43 + 5 == sum(len(s.resp) for s in seqs) + 11
+    assert packing.computed_tokens(mbs, "packed") == 45 + 43 + 5 == sum(len(s.resp) for s in seqs) + 11
     # a group over the budget is cut into units, each with its prompt: 2 + 30 + 2 | 2 + 11
-    mbs = train.micro_batches(seqs, budget=44, layout="packed")
+    mbs = packing.micro_batches(seqs, budget=44, layout="packed")
     assert [[len(s.resp) for s in mb] for mb in mbs] == [[3, 17, 9, 9], [30, 2], [11, 1]]
-    assert [train.computed_tokens([mb], "packed") for mb in mbs] == [43, 34, 2 + 11 + 4 + 1]
+    assert [packing.computed_tokens([mb], "packed") for mb in mbs] == [43, 34, 2 + 11 + 4 + 1]
 
 
 def test_collate_takes_a_value_only_when_every_sequence_carries_it():
@@ -101,11 +102,11 @@ def test_collate_takes_a_value_only_when_every_sequence_carries_it():
     # mini-batch 1's have old log-probs yet (mini-batch 0's come from the update's own forward)
     seqs = [train.Sequence((0, 0), [5, 6], [7] * n, 0.5, True, torch.zeros(n)) for n in (3, 2, 4)]
     seqs[0].old_logp, seqs[0].old_entropy = torch.full((3,), -1.0), torch.ones(3)
-    batch = train.collate(seqs, torch.device("cpu"))
+    batch = packing.collate(seqs, torch.device("cpu"))
     assert "old_logp" not in batch and "old_entropy" not in batch and batch["rollout_logp"].shape == (3, 4)
     for s in seqs:
         s.old_logp = torch.full((len(s.resp),), -2.0)
-    got = train.collate(seqs, torch.device("cpu"))["old_logp"].tolist()
+    got = packing.collate(seqs, torch.device("cpu"))["old_logp"].tolist()
     assert got == [[-2.0] * 3 + [0.0], [-2.0] * 2 + [0.0] * 2, [-2.0] * 4]
 
 
@@ -140,7 +141,7 @@ def test_response_logprobs_match_a_per_sequence_forward(tmp_path, layout, rows):
     log-probs, entropies and gradients of a plain forward of each sequence alone."""
     from transformers import AutoModelForCausalLM
     path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
-    model = tepo.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    model = packing.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(2, 100, (6,), generator=g).tolist()
     prompts = [torch.randint(2, 100, (p,), generator=g).tolist() for p in (6, 2, 9)]
@@ -148,7 +149,7 @@ def test_response_logprobs_match_a_per_sequence_forward(tmp_path, layout, rows):
     seqs = [train.Sequence((0, 0 if grouped else k), shared if grouped else prompts[k],
                            torch.randint(2, 100, (n,), generator=g).tolist(), 0.5, True, torch.zeros(n))
             for k, n in ((2, 9), (0, 7), (1, 6), (0, 6), (2, 3), (1, 1))]
-    batch = train.collate(seqs, torch.device("cpu"), layout, rows)
+    batch = packing.collate(seqs, torch.device("cpu"), layout, rows)
     if layout == "packed":   # each prompt once, every response token once: no padding
         assert batch["ids"].shape == (1, 6 + 2 + 9 + 9 + 7 + 6 + 6 + 3 + 1)
     logp, ent = tepo.response_logprobs(model, batch, 0.8, True)
@@ -177,7 +178,7 @@ def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, me
     method."""
     from transformers import AutoModelForCausalLM
     path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
-    model = tepo.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    model = packing.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
     g = torch.Generator().manual_seed(1)
     seqs = []
     for gid, p in enumerate((5, 11, 3)):
@@ -187,7 +188,7 @@ def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, me
                                        float(torch.randn(1, generator=g)), True, torch.zeros(n)))
     with torch.no_grad():  # pi_old, pi_ref, H_old near the current policy: ratios != 1, some clipped
         for s in seqs:
-            logp, ent = tepo.response_logprobs(model, train.collate([s], "cpu", "grouped"), 1.0, True)
+            logp, ent = tepo.response_logprobs(model, packing.collate([s], "cpu", "grouped"), 1.0, True)
             s.old_logp = logp[0] - 0.3 * torch.randn(len(s.resp), generator=g)
             s.ref_logp = logp[0] + 0.2 * torch.randn(len(s.resp), generator=g)
             s.old_entropy = ent[0] + 0.1 * torch.randn(len(s.resp), generator=g)
@@ -200,10 +201,10 @@ def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, me
     for layout in ("grouped", "packed"):
         model.zero_grad()
         total = 0.0
-        mbs = train.micro_batches(seqs, budget=80, layout=layout)
+        mbs = packing.micro_batches(seqs, budget=80, layout=layout)
         assert len(mbs) > 1                                   # several micro-batches each way
         for mb in mbs:
-            b = train.collate(mb, "cpu", layout)
+            b = packing.collate(mb, "cpu", layout)
             logp, ent = tepo.response_logprobs(model, b, 1.0, True)
             loss, _ = tepo.policy_loss(logp, b["old_logp"], b["adv"], b["mask"], cfg, entropy=ent,
                                        old_entropy=b["old_entropy"], ref_logp=b["ref_logp"],
