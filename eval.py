@@ -12,7 +12,7 @@ A protocol (--preset paper or quick) fixes the benchmarks, the samples per probl
 top_p, the response cap and the prompt; any of them can still be overridden by its flag. results.json
 records the protocol used, and --table puts several results side by side (a row per run, the mean
 over seeds of each method, 95% intervals, the paper's reported numbers as a reference row) only when
-they share it.
+they share it: table.py, which this command runs.
 
 Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
@@ -55,6 +55,7 @@ import policy
 from config import UserError
 import reward
 import rollout
+import table
 
 # Benchmark name -> file name in --data-dir (the schema and names of ../shared/data).
 BENCHMARKS = {"math500": "math500.jsonl", "aime24": "aime24.jsonl", "aime25": "aime25.jsonl",
@@ -74,11 +75,6 @@ PRESETS = {
     "quick": {"benchmarks": list(BENCHMARKS), "greedy": True, "n": 1, "max_new_tokens": 3072,
               "prompt_template": "default"},
 }
-# The TEPO paper's reported accuracies (%, Qwen2.5-Math-1.5B, its own protocol), as its abstract and
-# summaries give them: TEPO's average over the seven benchmarks and its MATH-500, and GRPO's average
-# (1.74 points below TEPO's). The other cells are not stated there. --table shows them as a
-# reference row, never as a run.
-PAPER_REPORTED = {"tepo": {"math500": 77.20, "avg": 32.04}, "grpo": {"avg": 30.30}}
 # Default chunk: about this many sequences (problems x n) per generate call. Larger chunks batch
 # better (a call's last, longest responses decode in a thin batch: MATH-500 at n=4 on CPU took
 # ~1.5x longer in chunks of 128 problems than in one call); smaller ones spread a benchmark over
@@ -402,7 +398,7 @@ def gather(records, world):
     return sorted((r for p in parts for r in p), key=lambda r: r["index"]) if parts else None
 
 
-# ----------------------------------------------------------------------------- protocol and table
+# ----------------------------------------------------------------------------- protocol
 
 def protocol(args, plan, results, prompt):
     """What must be equal for two results to share a table: the benchmarks with their samples per
@@ -419,140 +415,6 @@ def protocol(args, plan, results, prompt):
             "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
             "prompt_template": args.template, "prompt_sha256": sha256(prompt.encode("utf-8")),
             "max_problems": args.max_problems, "grader": args.grader}
-
-
-# Student's t 0.975 quantile by degrees of freedom (the usual table); beyond 30, the first two
-# terms of its expansion in 1/df around the normal z (Abramowitz & Stegun 26.7.5), within 5e-4 of
-# it there. numpy has no t distribution.
-T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-        2.052, 2.048, 2.045, 2.042]
-Z975 = 1.959964
-
-
-def t975(df):
-    z = Z975
-    if df <= len(T975):
-        return T975[df - 1]
-    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
-
-
-def run_cells(result):
-    """{benchmark or "avg": (accuracy %, 95% half-width % or None)} of one results.json.
-
-    A benchmark: its avg@n and Student's t interval over its P problems (accuracy_se, P - 1
-    degrees of freedom: 2.045 for AIME's 30, 1.965 for MATH-500's 500). The average: the unweighted
-    mean over benchmarks, as the papers report it; its error combines the benchmarks' as
-    independent (sqrt of the summed variances over their count), with the normal quantile."""
-    cells, ses = {}, []
-    for name, m in result["benchmarks"].items():
-        se = m.get("accuracy_se")
-        q = t975(m["problems"] - 1) if m.get("problems", 0) > 1 else Z975
-        cells[name] = (100 * m["accuracy"], None if se is None else 100 * q * se)
-        ses.append(se)
-    mean = sum(v for v, _ in cells.values()) / len(cells)
-    half = None if None in ses else 100 * Z975 * math.sqrt(sum(se ** 2 for se in ses)) / len(ses)
-    cells["avg"] = (mean, half)
-    return cells
-
-
-def seed_cells(runs):
-    """{column: (mean %, Student's t 95% half-width over the runs)} of several runs of one method."""
-    out = {}
-    for col in runs[0]:
-        vals = [r[col][0] for r in runs]
-        mean = sum(vals) / len(vals)
-        sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
-        out[col] = (mean, t975(len(vals) - 1) * sd / math.sqrt(len(vals)))
-    return out
-
-
-def write_table(paths, out):
-    """The Markdown table of several results.json (one protocol) at `out`, and a CSV beside it.
-
-    A row per run (method, seed, checkpoint); for each method and checkpoint name (step_000500)
-    with runs of two or more seeds, a row of their mean with its interval over seeds; then, under
-    the paper preset, the paper's reported numbers, marked as a reference: they come from the
-    paper's own protocol (beside other benchmarks they would only mislead).
-    -> the Markdown text."""
-    results = []
-    for path in paths:
-        try:
-            with open(path) as f:
-                result = json.load(f)
-        except FileNotFoundError:
-            raise UserError(f"--table: results file not found: {path}") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"--table: {path} is not JSON ({e.msg}, line {e.lineno})") from None
-        if not isinstance(result, dict) or "protocol" not in result or "benchmarks" not in result:
-            raise UserError(f"--table: {path} records no protocol (not a results.json of this eval.py, "
-                            f"or one written before protocols were recorded): evaluate it again")
-        results.append(result)
-    first = results[0]["protocol"]
-    for path, result in zip(paths[1:], results[1:]):
-        if result["protocol"] != first:
-            keys = sorted(k for k in set(first) | set(result["protocol"])
-                          if first.get(k) != result["protocol"].get(k))
-            raise UserError(f"--table: {path} was evaluated under another protocol than {paths[0]} "
-                            f"(they differ in {', '.join(keys)}: {[result['protocol'].get(k) for k in keys]} "
-                            f"against {[first.get(k) for k in keys]}); evaluate both with the same --preset")
-    cols = list(first["benchmarks"]) + ["avg"]
-    rows = []  # (label, kind, {col: (value, half or None)})
-    by_method = {}
-    for path, result in zip(paths, results):
-        method = result.get("method") or "?"
-        ckpt = result.get("ckpt") or path
-        where = os.path.join(os.path.basename(os.path.dirname(ckpt)), os.path.basename(ckpt))
-        label = f"{method} (seed {result.get('seed')}, {where})"
-        cells = run_cells(result)
-        rows.append((label, "run", cells))
-        runs = by_method.setdefault((method, os.path.basename(ckpt)), {})
-        if result.get("seed") in runs:  # the mean over seeds would count it once, silently
-            raise UserError(f"--table: {path} is a second result of {method}, seed {result.get('seed')}, "
-                            f"{os.path.basename(ckpt)} ({runs[result.get('seed')][0]} is the first): give "
-                            f"one results.json per run")
-        runs[result.get("seed")] = (path, cells)
-    for (method, step), runs in by_method.items():
-        if len(runs) > 1:
-            rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
-                         seed_cells([cells for _, cells in runs.values()])))
-    for method, numbers in PAPER_REPORTED.items() if first["preset"] == "paper" else ():
-        rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
-                     {c: (numbers[c], None) for c in cols if c in numbers}))
-
-    def show(cell):
-        if cell is None:
-            return "n/r"
-        value, half = cell
-        return f"{value:.2f}" + ("" if half is None else f" ± {half:.2f}")
-    p = first
-    ns = [f"{b} {v['n']}" for b, v in p["benchmarks"].items()]
-    ns = ", ".join(ns) if len({v["n"] for v in p["benchmarks"].values()}) > 1 else ns[0].split()[-1]
-    lines = [f"Accuracy (avg@n, %) with 95% intervals: over problems and samples for a run, over seeds "
-             f"for a method's mean (Student's t). Protocol: {p['preset'] or 'custom'}; n = {ns}; "
-             f"T {p['temperature']}, top_p {p['top_p']}, up to {p['max_new_tokens']} response tokens"
-             + (f"; the first {p['max_problems']} problems of each benchmark" if p["max_problems"] else "")
-             + ". n/r: not reported.", "",
-             "| run | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-    for label, kind, cells in rows:
-        name = f"*{label}*" if kind == "reference" else f"**{label}**" if kind == "seeds" else label
-        lines.append(f"| {name} | " + " | ".join(show(cells.get(c)) for c in cols) + " |")
-    text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        f.write(text)
-    csv_path = os.path.splitext(out)[0] + ".csv"
-    with open(csv_path, "w") as f:
-        f.write("run,kind," + ",".join(f"{c},{c}_ci95_low,{c}_ci95_high" for c in cols) + "\n")
-        for label, kind, cells in rows:
-            fields = []
-            for c in cols:
-                value, half = cells.get(c, (None, None))
-                fields += ["" if value is None else f"{value:.4f}"] + (
-                    ["", ""] if half is None else [f"{value - half:.4f}", f"{value + half:.4f}"])
-            f.write(f'"{label}",{kind},' + ",".join(fields) + "\n")
-    print(text + f"wrote {out} and {csv_path}")
-    return text
 
 
 # ----------------------------------------------------------------------------- main
@@ -574,7 +436,7 @@ def main(argv=None):
     t_start = time.time()
     args = parse_args(argv)
     if args.table:
-        return write_table(args.table, args.out)
+        return table.write_table(args.table, args.out)
     # Under torchrun: the trainer's group setup (gloo for CPU tensors, nccl for CUDA ones). Alone:
     # no group, and vLLM makes its own (so eval.main can run twice in one process).
     rank, world = (policy.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1

@@ -56,7 +56,7 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # for eval.t975, imported where it is used (eval imports torch)
+sys.path.insert(0, ROOT)  # for table.t975
 
 VARIANTS = {  # name -> train.py overrides
     "grpo": ["method=grpo"], "drgrpo": ["method=drgrpo"],
@@ -251,7 +251,7 @@ def t_interval(x, y):
     mean(x - y). A percentile bootstrap over 4 seeds is too narrow (it covers ~80%, not 95%), the t
     interval is not; for a ratio claim its sign says the same as the ratio's side of 1 (mean(x) <
     mean(y) exactly when mean(x - y) < 0). -> (mean difference, low, high); NaNs below 2 seeds."""
-    from eval import t975  # here: eval imports torch, which the runner does without
+    from table import t975
     d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
     if len(d) < 2 or np.isnan(d).any():
         return (np.nan,) * 3

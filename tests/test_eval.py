@@ -15,6 +15,7 @@ import yaml
 
 import eval as ev
 import reward
+import table
 from demo import make_tiny_model, pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -213,7 +214,7 @@ def test_the_table_a_row_per_run_the_mean_over_seeds_and_the_paper_as_reference(
     a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0, 0.5, 0.5], "aime24": [0.25, 0.75]})
     b = fake_result(tmp_path / "b.json", "tepo", 1, {"math500": [1, 1, 0.5, 0.5], "aime24": [0.25, 0.25]})
     c = fake_result(tmp_path / "c.json", "grpo", 0, {"math500": [0, 0, 0, 1], "aime24": [0, 0.5]})
-    text = ev.write_table([a, b, c], str(tmp_path / "t" / "table.md"))
+    text = table.write_table([a, b, c], str(tmp_path / "t" / "table.md"))
     lines = {ln.split(" | ")[0].strip("| *"): ln for ln in text.splitlines() if ln.startswith("|")}
     # run a, math500: mean 0.5, sd over problems sqrt(1/6), se sqrt(1/6)/2, t(0.975, 3 df) = 3.182;
     # aime24: 0.5, se 0.25, t(0.975, 1 df) = 12.706; the average's error by the normal quantile
@@ -240,7 +241,7 @@ def test_the_papers_numbers_stand_beside_the_paper_protocol_only(tmp_path):
               "top_p": 1.0, "max_new_tokens": 64, "prompt_template": "Q {problem}", "max_problems": None,
               "grader": "rule"}
     a = fake_result(tmp_path / "a.json", "tepo", 0, {"held_out": [1, 0.5]}, protocol=custom)
-    text = ev.write_table([a], str(tmp_path / "table.md"))
+    text = table.write_table([a], str(tmp_path / "table.md"))
     assert "as reported by the TEPO paper" not in text and "| tepo (seed 0, tepo-s0/step_000100) |" in text
 
 
@@ -250,7 +251,7 @@ def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
     a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0]})
     b = fake_result(tmp_path / "b.json", "tepo", 0, {"math500": [1, 1]})
     with pytest.raises(ev.UserError, match=r"b\.json is a second result of tepo, seed 0, step_000100 \(.*a\.json"):
-        ev.write_table([a, b], str(tmp_path / "table.md"))
+        table.write_table([a, b], str(tmp_path / "table.md"))
 
 
 def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp_path, capsys):
@@ -260,11 +261,11 @@ def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp
     b = fake_result(tmp_path / "b.json", "grpo", 0, {"math500": [1, 0]}, protocol=other)
     with pytest.raises(ev.UserError, match=r"b\.json was evaluated under another protocol than .*a\.json "
                                            r"\(they differ in temperature: \[1\.0\] against \[0\.6\]\)"):
-        ev.write_table([a, b], str(tmp_path / "t.md"))
+        table.write_table([a, b], str(tmp_path / "t.md"))
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"benchmarks": {}}))
     with pytest.raises(ev.UserError, match="old.json records no protocol"):
-        ev.write_table([a, str(old)], str(tmp_path / "t.md"))
+        table.write_table([a, str(old)], str(tmp_path / "t.md"))
     assert not (tmp_path / "t.md").exists()
     run = subprocess.run([sys.executable, "eval.py", "--table", a, b, "--out", str(tmp_path / "t.md")],
                          cwd=ev.os.path.dirname(ev.__file__), capture_output=True, text=True, timeout=120)
