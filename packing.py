@@ -11,6 +11,7 @@ the per-token (R,) values old_logp, old_entropy, ref_logp, rollout_logp, cov_sel
   segment_attention  attention over a packed row, one segment at a time (use_segment_attention)
 Not here: what a sequence's loss is (tepo.py), and which sequences a phase forwards (train.py).
 """
+import heapq
 from types import SimpleNamespace
 
 import torch
@@ -126,39 +127,102 @@ def collate(mb, device, layout="packed", rows=False):
 # ----------------------------------------------------------------------------- over the ranks
 
 
-def balance_ranks(minibatches):
-    """Deal each global mini-batch's sequences over the ranks so that every rank computes about the
-    same number of tokens. A collective. -> this rank's mini-batches
+def balance_ranks(minibatches, *, rest_forwarded=True):
+    """Deal each global mini-batch's sequences over the ranks so that every phase's forwards cost
+    every rank about the same. A collective. -> this rank's mini-batches
 
     Each rank samples its own prompts, so one rank may hold far more tokens than another (response
-    lengths vary widely), and lock-step makes every rank wait for the busiest. The loss and its
-    gradient do not change: every normalisation is by global counts, and mini-batch k still holds
-    the same sequences over all ranks. The longest units go first, each to the least-loaded rank
-    (ties: the lowest); a unit is the part of a group in the mini-batch, so that its prompt still
-    runs once.
+    lengths vary widely, and a group whose rewards are all equal has A = 0 and is not trained),
+    and lock-step makes every rank wait for the busiest. The loss and its gradient do not change:
+    every normalisation is by global counts, and mini-batch k still holds the same sequences over
+    all ranks. `rest_forwarded`: whether the old pass forwards the sequences out of the loss too
+    (train.py's full_batch_metrics). The rule: deal.
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     if world == 1:
         return minibatches
     everyone = [None] * world
     dist.all_gather_object(everyone, minibatches)
-    return [deal([part[k] for part in everyone])[rank] for k in range(len(minibatches))]
+    dealt = deal([[s for part in everyone for s in part[k]] for k in range(len(minibatches))], world,
+                 rest_forwarded=rest_forwarded)
+    return dealt[rank]
 
 
-def deal(parts):
-    """balance_ranks' rule on one mini-batch: [sequences held by rank r] -> [sequences dealt to
-    rank r], the same on every rank. Units (a group's sequences: its prompt once, its responses),
-    largest first, each to the least-loaded rank."""
-    units = {}
-    for part in parts:
+def deal(minibatches, world, *, rest_forwarded=True):
+    """balance_ranks' rule: [the sequences of mini-batch k, every rank's] -> [[the sequences of
+    mini-batch k dealt to rank r] for each rank r], the same on every rank.
+
+    Each phase is balanced by what it forwards (train.py: old_logprobs, update_policy):
+      1. the update, mini-batch by mini-batch (an optimizer step each, so each one waits for its
+         busiest rank): the sequences in the loss (`in_loss`), by their tokens. The reference pass
+         and the covariance selection forward the same ones.
+      2. the old pass, one lock-step pass over every mini-batch: it forwards the sequences of step
+         1 past the first mini-batch (whose own forward gives the first its old values), and the
+         sequences out of the loss (A = 0) when `rest_forwarded`; these are dealt last, to even
+         out what step 1 left.
+    Both steps deal with spread."""
+    out = [[[] for _ in minibatches] for _ in range(world)]
+    old_pass = [0] * world
+    for k, mb in enumerate(minibatches):
+        for r, part in enumerate(spread(groups_of([s for s in mb if s.in_loss]), [0] * world)):
+            out[r][k] += part
+            old_pass[r] += cost(part) if k > 0 else 0
+    rest = [(k, g) for k, mb in enumerate(minibatches) for g in groups_of([s for s in mb if not s.in_loss])]
+    mb_of = {id(s): k for k, g in rest for s in g}
+    loads = old_pass if rest_forwarded else [0] * world
+    for r, part in enumerate(spread([g for _, g in rest], loads)):
         for s in part:
-            units.setdefault(s.gid, []).append(s)
-    cost = {key: len(u[0].prompt) + sum(len(s.resp) for s in u) for key, u in units.items()}
-    load, out = [0] * len(parts), [[] for _ in parts]
-    for key in sorted(units, key=lambda key: (-cost[key], key)):
-        r = min(range(len(parts)), key=lambda r: (load[r], r))
-        load[r] += cost[key]
-        out[r] += units[key]
+            out[r][mb_of[id(s)]].append(s)
+    return out
+
+
+def groups_of(seqs):
+    """seqs -> [the sequences of one group (one prompt)], in order of first appearance."""
+    groups = {}
+    for s in seqs:
+        groups.setdefault(s.gid, []).append(s)
+    return list(groups.values())
+
+
+def cost(seqs):
+    """The positions a forward of `seqs` computes in the packed layout: each prompt once, and every
+    response token (computed_tokens of one micro-batch)."""
+    return sum({s.gid: len(s.prompt) for s in seqs}.values()) + sum(len(s.resp) for s in seqs)
+
+
+def spread(groups, loads):
+    """Deal groups of sequences (each sharing a prompt) over ranks that already carry `loads`, so
+    that the ranks end about even. -> [the sequences dealt to rank r]
+
+    Largest first, each to the least-loaded rank (ties: the lowest); a group that would carry that
+    rank past an even share (the mean of the final loads) by more than its prompt is split: the
+    rank takes the longest of its responses that fit its share (at least one), and the rest goes
+    back in line. Whole groups keep their prompt computed once; splitting costs a prompt more per
+    part, and is what lets a batch of a few large groups (most groups of equal reward out of the
+    loss) be shared evenly."""
+    loads, out = list(loads), [[] for _ in loads]
+    share = (sum(loads) + sum(map(cost, groups))) / len(loads)
+    line = [(-cost(g), n, g) for n, g in enumerate(groups)]  # a heap: the largest first
+    heapq.heapify(line)
+    n = len(groups)
+    while line:
+        _, _, g = heapq.heappop(line)
+        r = min(range(len(loads)), key=lambda r: (loads[r], r))
+        room = share - loads[r]
+        if cost(g) > room + len(g[0].prompt) and len(g) > 1:
+            take, size = [], len(g[0].prompt)
+            for s in sorted(g, key=lambda s: -len(s.resp)):  # stable: ties keep their order
+                if not take or size + len(s.resp) <= room:
+                    take.append(s)
+                    size += len(s.resp)
+            taken = {id(s) for s in take}
+            rest = [s for s in g if id(s) not in taken]
+            if rest:
+                heapq.heappush(line, (-cost(rest), n, rest))
+                n += 1
+            g = [s for s in g if id(s) in taken]
+        loads[r] += cost(g)
+        out[r] += g
     return out
 
 

@@ -8,7 +8,7 @@ this order, taking keyword arguments and returning a record or its metrics:
   1. sample_and_grade  P prompts (P / N per rank), G responses each; graded by reward.py, with
                        DAPO's overlong shaping and dynamic sampling where configured -> Rollouts
   2. make_sequences    group advantages; one Sequence per response; `num_minibatches` mini-batches,
-     balance_ranks     dealt over the ranks by tokens
+     balance_ranks     dealt over the ranks by what each phase forwards (packing.deal)
   3. old_logprobs      log-probs and entropy of the policy that sampled (no grad); reference's
   4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that
                        pack each prompt once and its responses into a token budget, the loss
@@ -154,7 +154,8 @@ def main(argv=None):
         started = time.perf_counter()
         rollouts = sample_and_grade(run, step=step)                                  # 1
         run.engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
-        minibatches = balance_ranks(make_sequences(rollouts.groups, cfg=cfg, rank=run.rank))  # 2
+        minibatches = balance_ranks(make_sequences(rollouts.groups, cfg=cfg, rank=run.rank),  # 2
+                                    rest_forwarded=cfg.full_batch_metrics)
         old_pass = old_logprobs(run, minibatches=minibatches)                        # 3
         update = update_policy(run, minibatches=minibatches, step=step)              # 4
         synced = sync_weights(run, changed=update.changed)                           # 5

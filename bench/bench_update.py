@@ -123,7 +123,8 @@ def rank_balance(spec, ranks, seed, tokenizer):
     tokens = lambda ss: sum(len(s.resp) for s in ss) + sum({s.gid: len(s.prompt) for s in ss}.values())  # noqa: E731
     worst = lambda loads: max(loads) / statistics.mean(loads)  # noqa: E731
     before = max(worst([tokens(mbs[k]) for mbs in per_rank]) for k in range(4))
-    after = max(worst([tokens(d) for d in packing.deal([mbs[k] for mbs in per_rank])]) for k in range(4))
+    dealt = packing.deal([[s for mbs in per_rank for s in mbs[k]] for k in range(4)], ranks)
+    after = max(worst([tokens(d[k]) for d in dealt]) for k in range(4))
     return before, after
 
 
