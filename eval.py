@@ -32,11 +32,13 @@ plus the mean response length in tokens and the truncation rate (responses cut b
 Outputs: a table on the console, results.json (--out, default CKPT/eval/results.json) and, beside
 it, <out>_samples.jsonl with one graded line per sample that anyone can re-grade.
 
-Reproducibility: the problems of a benchmark are cut into fixed chunks of --chunk-size problems
-(default: ceil(1024 / n)); one generate call samples one chunk, seeded by (seed, benchmark, chunk).
-Chunks are dealt to ranks round-robin, so every chunk is sampled by the same call whatever the
-number of ranks: the same seed gives the same numbers on 1 or 8 ranks (bit for bit on CPU, where
-it is tested; on GPU up to the engine's own run-to-run determinism).
+Reproducibility and ranks: problem i of a benchmark is sampled from its own random stream, seeded by
+(seed, benchmark, i), whichever rank and generate call sample it. Problems are dealt to the ranks
+round-robin (problem i to rank i mod world), so every rank samples every benchmark, within one
+problem of the others, and each rank samples its share in calls of --chunk-size problems (default:
+ceil(1024 / n)). The same seed gives the same numbers on 1 or 8 ranks (bit for bit on CPU, where
+it is tested; on GPU up to the engine's batch invariance: its logits may differ in the last bits
+with the batch a sequence is decoded in).
 """
 import argparse
 import hashlib
@@ -75,10 +77,9 @@ PRESETS = {
     "quick": {"benchmarks": list(BENCHMARKS), "greedy": True, "n": 1, "max_new_tokens": 3072,
               "prompt_template": "default"},
 }
-# Default chunk: about this many sequences (problems x n) per generate call. Larger chunks batch
-# better (a call's last, longest responses decode in a thin batch: MATH-500 at n=4 on CPU took
-# ~1.5x longer in chunks of 128 problems than in one call); smaller ones spread a benchmark over
-# more ranks (a benchmark has ceil(problems / chunk) chunks to deal).
+# Default chunk: about this many sequences (problems x n) per generate call of a rank. Larger calls
+# batch better (a call's last, longest responses decode in a thin batch: MATH-500 at n=4 on CPU took
+# ~1.5x longer in chunks of 128 problems than in one call); smaller ones report progress more often.
 SEQS_PER_CALL = 1024
 
 
@@ -238,8 +239,8 @@ def parse_args(argv=None):
                     help="seconds one grading call may take; over it, or raising, the sample is wrong "
                          "and counted (results: grader_failures)")
     ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--chunk-size", type=int, help="problems per generate call "
-                                                   "(default: ceil(1024 / n)); part of the seed")
+    ap.add_argument("--chunk-size", type=int, help="problems per generate call of a rank "
+                                                   "(default: ceil(1024 / n)); not part of the seed")
     ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json)")
     args = ap.parse_args(argv)
     if args.table:
@@ -337,34 +338,36 @@ def make_judge(name):
     return lambda text, gold: (reward.grade(text, gold)[0], grader(text, gold) >= 1.0)
 
 
-def my_chunks(n_problems, chunk_size, rank, world):
-    """[(chunk number, problem indices)] of the chunks this rank samples: every world-th one."""
-    return [(c, list(range(c * chunk_size, min((c + 1) * chunk_size, n_problems))))
-            for c in range(rank, math.ceil(n_problems / chunk_size), world)]
+def my_problems(n_problems, rank, world):
+    """The problems this rank samples: every world-th one, so that every rank has a share of
+    every benchmark, within one problem of the others'."""
+    return list(range(rank, n_problems, world))
 
 
 def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, temperature, top_p, seed,
                      chunk_size, ks, judge, reward_timeout, rank=0, world=1, context=None, clock=None,
                      bar=None):
-    """Sample and grade this rank's chunks of one benchmark; returns its problem records. The one
-    evaluation path: eval.py's, and train.py's held-out evaluation (so its numbers do not depend on
-    the number of ranks, and equal eval.py's on the checkpoint with the same settings).
+    """Sample and grade this rank's problems of one benchmark; returns its problem records. The
+    one evaluation path: eval.py's, and train.py's held-out evaluation (so its numbers do not depend
+    on the number of ranks, and equal eval.py's on the checkpoint with the same settings).
 
-    Chunk c (problems c x chunk_size ...) is sampled by one generate call seeded
-    rollout.derive_seed(seed, name, c), on rank c mod world. Each record: {"index", "problem",
-    "gold", "samples": [...], "metrics": problem_metrics}. Problems whose prompt leaves no room to generate (`context`) get n
-    empty, wrong samples (finish "prompt_too_long"). judge(text, gold) -> (answer or None, correct)
-    (make_judge); a call that raises or runs over reward_timeout seconds makes the sample wrong,
-    marked grader_failed.
+    Problem i is sampled from the stream rollout.derive_seed(seed, name, i), on rank i mod world,
+    in generate calls of up to `chunk_size` of this rank's problems. Each record: {"index",
+    "problem", "gold", "samples": [...], "metrics": problem_metrics}. Problems whose prompt leaves
+    no room to generate (`context`) get n empty, wrong samples (finish "prompt_too_long").
+    judge(text, gold) -> (answer or None, correct) (make_judge); a call that raises or runs over
+    reward_timeout seconds makes the sample wrong, marked grader_failed.
     """
     records, failed = [], {"errors": 0, "timeouts": 0}
-    for c, idx in my_chunks(len(rows), chunk_size, rank, world):
+    mine = my_problems(len(rows), rank, world)
+    for c in range(0, len(mine), chunk_size):
+        idx = mine[c:c + chunk_size]
         fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
         t = time.time()
         outs = dict(zip(fits, engine.generate(
             [prompt_ids[i] for i in fits], n=n, max_new_tokens=max_new_tokens,
             temperature=temperature, top_p=top_p,
-            seed=rollout.derive_seed(seed, name, c)))) if fits else {}
+            seeds=[rollout.derive_seed(seed, name, i) for i in fits]))) if fits else {}
         if clock is not None:
             clock["generate_s"] += time.time() - t
         for i in idx:
@@ -462,7 +465,7 @@ def main(argv=None):
     for name, rows in problems.items():
         n, ks = plan[name]
         chunk_size = chunks[name] = args.chunk_size or math.ceil(SEQS_PER_CALL / n)
-        mine = sum(len(idx) for _, idx in my_chunks(len(rows), chunk_size, rank, world))
+        mine = len(my_problems(len(rows), rank, world))
         bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
                    unit="problem", disable=rank != 0)
         records = gather(sample_benchmark(

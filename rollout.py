@@ -1,7 +1,7 @@
 """Rollout: sampling responses with vLLM in the trainer's own process (transformers as fallback).
 
 `make_engine(model_dir, backend="vllm" | "hf")` returns an engine with `generate(prompts, n,
-max_new_tokens, temperature, top_p, seed)` -> one list of n `Sample`s per prompt, `update_weights(
+max_new_tokens, temperature, top_p, seed, seeds)` -> one list of n `Sample`s per prompt, `update_weights(
 named_tensors)`, `sleep()`, `wake()` and `close()`. No inference server: every rank builds its own
 engine (vLLM in-process, tensor parallel 1, joined to the trainer's process group under torchrun)
 and samples its own share of the prompts; weights go from FSDP2 into it in place.
@@ -186,15 +186,19 @@ def derive_seed(*parts):
     return int.from_bytes(digest, "little") % (2**31 - 2**16)
 
 
-def _start_call(engine, prompts, n, max_new_tokens, temperature, top_p, seed):
+def _start_call(engine, prompts, n, max_new_tokens, temperature, top_p, seed, seeds=None):
     """The start of either engine's generate: the arguments checked, the prompts' token ids, and
-    the call's seed (None: a fresh, reproducible stream per call that samples, from the engine's
-    seed)."""
+    each prompt's seed: `seeds` as given, else derive_seed(seed, i) for prompt i (seed None: a
+    fresh, reproducible stream per call that samples, from the engine's seed)."""
     _check_generate_args(prompts, n, max_new_tokens, temperature, top_p)
     ids = _tokenize_prompts(engine.tokenizer, prompts, engine.max_model_len)
+    if seeds is not None:
+        if len(seeds) != len(ids):
+            raise ValueError(f"seeds: {len(seeds)} for {len(ids)} prompts")
+        return ids, list(seeds)
     if seed is None and ids:
         seed, engine.calls = derive_seed(engine.seed, "call", engine.calls), engine.calls + 1
-    return ids, seed
+    return ids, [derive_seed(seed, i) for i in range(len(ids))]
 
 
 def _check_generate_args(prompts, n, max_new_tokens, temperature, top_p):
@@ -323,21 +327,23 @@ class VLLMEngine:
         self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config,
                                  "tie_word_embeddings", False))
 
-    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
+    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None,
+                 seeds=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
 
         Seeding: prompt i of a call is sampled from its own stream derive_seed(seed, i) (vLLM's
-        per-request seeds would give equal prompts equal samples), its n samples from consecutive
-        streams, so they differ. The seed is the caller's whole say: train.py mixes the rank in;
-        eval.py seeds by chunk, so its numbers do not depend on the number of ranks. seed=None:
-        a fresh, reproducible stream per call from the engine's seed.
+        per-request seeds would give equal prompts equal samples), or seeds[i] when `seeds` are
+        given, its n samples from consecutive streams, so they differ. The seed is the caller's
+        whole say: train.py mixes the rank in; eval.py seeds each problem, so its numbers do not
+        depend on which rank or call samples it. seed=None: a fresh, reproducible stream per call
+        from the engine's seed.
         """
         from vllm import SamplingParams
-        ids, seed = _start_call(self, prompts, n, max_new_tokens, temperature, top_p, seed)
+        ids, seeds = _start_call(self, prompts, n, max_new_tokens, temperature, top_p, seed, seeds)
         if not ids:
             return []
         params = [SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, seed=derive_seed(seed, i),
+            n=n, temperature=temperature, top_p=top_p, seed=seeds[i],
             max_tokens=min(max_new_tokens, self.max_model_len - len(p)),  # vLLM's name
             stop_token_ids=self.stop_list,  # vLLM alone stops at generation_config's EOS only
             # logprobs=0: the sampled token's only (processed: see logprobs_mode above); flat:
@@ -449,20 +455,29 @@ class HFEngine:
         self.params = dict(self.model.named_parameters())
 
     @torch.no_grad()
-    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None):
-        """Sample n completions per prompt; returns one list of n Samples per prompt, in order."""
-        ids, seed = _start_call(self, prompts, n, max_new_tokens, temperature, top_p, seed)
+    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None,
+                 seeds=None):
+        """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
+
+        Seeding: the call is one random stream from its first prompt's seed, its rows batched
+        together; with `seeds` given, each prompt's n samples are a stream (and batches) of their
+        own from its seed, slower but the same whichever other prompts share the call."""
+        given = seeds is not None
+        ids, seeds = _start_call(self, prompts, n, max_new_tokens, temperature, top_p, seed, seeds)
         if not ids:
             return []
-        rows = [p for p in ids for _ in range(n)]  # the n samples of a prompt are adjacent rows
+        # The n samples of a prompt are adjacent rows; a stream per prompt when seeds are given.
+        streams = [(seeds[i], [p] * n) for i, p in enumerate(ids)] if given else \
+            [(seeds[0], [p for p in ids for _ in range(n)])]
         samples = []
         devices = [self.device] if self.device.type == "cuda" else []
         # fork_rng: the sampler's seed must not reset the trainer's random stream.
         with torch.random.fork_rng(devices=devices), _torch_threads(self.threads):
-            torch.manual_seed(derive_seed(seed, 0))
-            for i in range(0, len(rows), self.batch_size):
-                samples += self._generate_batch(rows[i:i + self.batch_size], max_new_tokens,
-                                                temperature, top_p)
+            for stream_seed, rows in streams:
+                torch.manual_seed(stream_seed)
+                for i in range(0, len(rows), self.batch_size):
+                    samples += self._generate_batch(rows[i:i + self.batch_size], max_new_tokens,
+                                                    temperature, top_p)
         groups = [samples[i * n:(i + 1) * n] for i in range(len(ids))]
         _decode_texts(self.tokenizer, groups)
         return groups

@@ -655,11 +655,11 @@ def old_policy_metrics(minibatches):
 
 
 def evaluate(run):
-    """Held-out accuracy over all ranks, by eval.py's path (eval.sample_benchmark: fixed chunks of
-    problems, each sampled by one call seeded from (seed, the file's name, chunk), dealt to the
-    ranks round-robin, graded by eval.make_judge), so the numbers do not depend on the number of
-    ranks and equal `eval.py --ckpt <the step's checkpoint> --data <eval_data> -n eval_n
-    --temperature T --top-p P --max-new-tokens M --seed <seed>`. A collective.
+    """Held-out accuracy over all ranks, by eval.py's path (eval.sample_benchmark: problem i sampled
+    from its own stream, seeded from (seed, the file's name, i), on rank i mod world; graded by
+    eval.make_judge), so the numbers do not depend on the number of ranks and equal `eval.py --ckpt
+    <the step's checkpoint> --data <eval_data> -n eval_n --temperature T --top-p P --max-new-tokens M
+    --seed <seed>`. A collective.
     -> {"eval/accuracy": the mean correctness of the eval_n samples per problem (= pass@1),
     "eval/pass@k": unbiased pass@k averaged over problems, k = 1, 2, 4, ... <= eval_n}. pass@k
     falling while pass@1 rises is a policy collapsing onto fewer answers. A grading call that
@@ -672,15 +672,20 @@ def evaluate(run):
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         seed=cfg.seed, chunk_size=math.ceil(ev.SEQS_PER_CALL / cfg.eval_n), ks=ks, judge=run.judge,
         reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world)
-    samples = [s for r in records for s in r["samples"]]
-    total = all_ranks({"correct": sum(s["correct"] for s in samples), "problems": len(records),
-                       "failed": sum(s.get("grader_failed", False) for s in samples),
-                       **{f"pass@{k}": sum(r["metrics"][f"pass@{k}"] for r in records) for k in ks}})
-    n = max(total["problems"], 1)
-    out = {"eval/accuracy": total["correct"] / (n * cfg.eval_n),
-           **{f"eval/pass@{k}": total[f"pass@{k}"] / n for k in ks}}
-    if total["failed"]:  # on record only where it happened, as a fault
-        out["eval/grader_failures"] = total["failed"]
+    # Every problem's numbers on every rank, summed in problem order: the same float sums
+    # whichever rank sampled which problem.
+    mine = [(r["index"], sum(s["correct"] for s in r["samples"]),
+             sum(s.get("grader_failed", False) for s in r["samples"]),
+             [r["metrics"][f"pass@{k}"] for k in ks]) for r in records]
+    parts = [None] * run.world
+    dist.all_gather_object(parts, mine)
+    problems = sorted(p for part in parts for p in part)
+    n = max(len(problems), 1)
+    out = {"eval/accuracy": sum(c for _, c, _, _ in problems) / (n * cfg.eval_n),
+           **{f"eval/pass@{k}": sum(p[3][j] for p in problems) / n for j, k in enumerate(ks)}}
+    failed = sum(f for _, _, f, _ in problems)
+    if failed:  # on record only where it happened, as a fault
+        out["eval/grader_failures"] = failed
     return out
 
 

@@ -305,13 +305,38 @@ def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
     assert "{problem}" in err
 
 
-def test_chunks_cover_every_problem_once_whatever_the_ranks():
-    for world in (1, 2, 3, 5):
-        got = [i for r in range(world) for _, idx in ev.my_chunks(11, 3, r, world) for i in idx]
-        assert sorted(got) == list(range(11))
-        # chunk c holds the same problems on every number of ranks
-        chunks = {c: idx for r in range(world) for c, idx in ev.my_chunks(11, 3, r, world)}
-        assert chunks == {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8], 3: [9, 10]}
+def test_every_rank_samples_every_benchmark_within_one_problem():
+    """Problems are dealt round-robin: all covered once, and each rank's share within one problem
+    of the others', on any number of ranks (the chunks of before left 7 of 8 ranks idle on a
+    benchmark of one chunk: MATH-500 at n = 1)."""
+    for n_problems, world in ((11, 1), (11, 2), (11, 3), (500, 8), (30, 8), (3, 8)):
+        shares = [ev.my_problems(n_problems, r, world) for r in range(world)]
+        assert sorted(i for s in shares for i in s) == list(range(n_problems))
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_a_problems_samples_do_not_depend_on_the_call_that_samples_it():
+    """sample_benchmark seeds problem i by (seed, benchmark, i), whatever the call and rank: an
+    engine that echoes each prompt's seed shows every problem's seed the same on 1 and 3 ranks and
+    for any chunk size."""
+    from rollout import Sample, derive_seed
+
+    class Echo:
+        def generate(self, prompts, n, max_new_tokens, temperature, top_p, seeds):
+            return [[Sample(p, [1], f"\\boxed{{{s}}}", [0.0], "stop") for _ in range(n)]
+                    for p, s in zip(prompts, seeds)]
+    rows = [{"problem": str(i), "answer": "0"} for i in range(7)]
+    seen = {}
+    for world, chunk in ((1, 7), (3, 2), (3, 1)):
+        got = {}
+        for rank in range(world):
+            for r in ev.sample_benchmark(Echo(), "bench", rows, [[5]] * 7, n=2, max_new_tokens=4,
+                                         temperature=1.0, top_p=1.0, seed=3, chunk_size=chunk, ks=[1],
+                                         judge=reward.grade, reward_timeout=5, rank=rank, world=world):
+                got[r["index"]] = [s["answer"] for s in r["samples"]]
+        seen[(world, chunk)] = got
+    want = {i: [str(derive_seed(3, "bench", i))] * 2 for i in range(7)}
+    assert all(got == want for got in seen.values())
 
 
 # ----------------------------------------------------------------------------- end to end
