@@ -37,6 +37,7 @@ class Config:
     num_minibatches: int = 4             # optimizer steps per RL step
     micro_batch_tokens: int = 16384      # tokens per forward/backward on one rank
     micro_batch_layout: str = "packed"   # packed | grouped (the layout of before): packing.micro_batches
+    packed_attention: str = "auto"       # the packed row's kernel: sdpa | flex; auto: flex on GPU, sdpa on CPU
     lr: float = 1e-6                     # AdamW peak learning rate
     lr_schedule: str = "constant"        # constant | cosine, after the warm-up
     warmup_steps: int = 0                # RL steps of linear warm-up
@@ -90,7 +91,8 @@ class Config:
                               ("train_dtype", ("auto", "float32", "bfloat16")),
                               ("dtype", ("auto", "float32", "bfloat16", "float16")),
                               ("lr_schedule", ("constant", "cosine")),
-                              ("micro_batch_layout", ("packed", "grouped"))):
+                              ("micro_batch_layout", ("packed", "grouped")),
+                              ("packed_attention", ("auto", "sdpa", "flex"))):
             if getattr(self, name) not in allowed:
                 raise UserError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
         bad = [x for x in self.loggers if x not in ("jsonl", "tensorboard", "wandb")]

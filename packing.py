@@ -11,13 +11,16 @@ the per-token (R,) values old_logp, old_entropy, ref_logp, rollout_logp, cov_sel
   segment_attention  attention over a packed row, one segment at a time (use_segment_attention)
 Not here: what a sequence's loss is (tepo.py), and which sequences a phase forwards (train.py).
 """
+import functools
 import heapq
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
 import tepo
+from config import UserError
 
 # ----------------------------------------------------------------------------- micro-batches
 
@@ -121,7 +124,10 @@ def collate(mb, device, layout="packed", rows=False):
             out[key] = torch.zeros(len(mb), R, dtype=torch.bool if key == "cov_sel" else torch.float32)
             for b, s in enumerate(mb):
                 out[key][b, :len(s.resp)] = getattr(s, key)
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
+    out = {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
+    if layout == "packed":
+        out["row"] = PackedRow(out.pop("segments"), out["pos"][0])
+    return out
 
 
 # ----------------------------------------------------------------------------- over the ranks
@@ -270,43 +276,186 @@ def dummy_forward(model, *, backward, layout, rows):
 # ----------------------------------------------------------------------------- attention
 
 
-def segment_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                      segments=None, **kwargs):
-    """Attention over a packed row, one segment at a time: the exact variable-length path on any
-    device. query (1, H, T, D), key and value (1, KVH, T, D) -> (1, T, H, D).
+@dataclass
+class PackedRow:
+    """How one packed row (1, T) is laid out, as its attention needs it (collate makes it; the model
+    call passes it to every layer as `packed_row`, and activation checkpointing's recompute too).
 
-    `segments` (from the model call's keyword arguments; HF passes them through every layer, and
-    through activation checkpointing's recompute) lists (start, end, prompt_start, prompt_end): a
-    prompt attends causally to itself (prompt_end = 0); a response attends to its prompt and
-    causally to itself (bottom-right causal over prompt + response keys). So one prompt serves all
-    the responses packed after it, and no token sees another sequence. Without `segments` this is
-    SDPA as usual (prompt-only and dummy calls, the reference model's other uses).
+    `segments` [(start, end, prompt_start, prompt_end)]: a prompt (prompt_end 0) attends causally
+    to itself; a response attends to its prompt and causally to itself, so one prompt serves every
+    response packed after it and no token sees another sequence. `pos` (T,): each position's place
+    in its sequence (a response goes on from its prompt's length): the model's position ids, and
+    what a sliding window measures.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    if segments is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
-                                      dropout=dropout, **kwargs)
+    segments: list
+    pos: torch.Tensor
+    _masks: dict = field(default_factory=dict)  # sliding window -> BlockMask (flex), built once
+
+    def block_mask(self, window=None):
+        """The row's FlexAttention BlockMask (1, 1, T, T), for a sliding `window` or none: built
+        once per row from the segments, kept for every later layer and the recompute."""
+        if window not in self._masks:
+            self._masks[window] = segment_block_mask(self.segments, self.pos, window)
+        return self._masks[window]
+
+
+def row_intervals(segments, pos, window=None):
+    """Which keys each query of a packed row sees: two half-open intervals per row, [lo1, hi1) its
+    own sequence's keys up to itself and [lo2, hi2) its prompt's (empty for a prompt), narrowed to
+    the keys within `window` positions of it. -> four (T,) long tensors on pos's device.
+
+    In key positions, since a segment's positions rise by one per key: within its own segment a
+    key k is within the window of query q when q - k < window, and a prompt key k (at position
+    k - prompt_start) when pos[q] - (k - prompt_start) < window (transformers' rule: a key sees
+    `window` positions, itself included)."""
+    dev = pos.device
+    seg = torch.tensor(segments, dtype=torch.long, device=dev)                   # (S, 4)
+    size = seg[:, 1] - seg[:, 0]
+    start, p0, p1 = (seg[:, i].repeat_interleave(size) for i in (0, 2, 3))       # (T,) each
+    q = torch.arange(len(start), device=dev)
+    lo1, hi1, lo2, hi2 = start, q + 1, p0, p1
+    if window is not None:
+        lo1 = torch.maximum(lo1, q - window + 1)
+        lo2 = torch.maximum(lo2, p0 + pos - window + 1)
+    return lo1, hi1, lo2, hi2
+
+
+BLOCK = 128  # FlexAttention's tile: the block mask says, per (query tile, key tile), none, some or all
+
+
+def segment_block_mask(segments, pos, window=None):
+    """The FlexAttention BlockMask of a packed row, built from its segments' intervals (row_intervals)
+    in O(T + (T / BLOCK)^2): no (T, T) tensor is made. A key tile is "full" for a query tile when
+    every query of the tile sees every key of it (no mask computed there), "partial" when some do
+    (mask_mod decides there), else skipped.
+
+    Counted with difference arrays over key tiles: each query row adds +1 from the first to past
+    the last tile its interval touches (partial or full), and +1 over the tiles its interval covers
+    whole; a tile is full when all the rows of the query tile cover it. A row's two intervals are
+    disjoint, so no tile is counted twice for one row."""
+    from torch.nn.attention.flex_attention import BlockMask
+    lo1, hi1, lo2, hi2 = row_intervals(segments, pos, window)
+    T, dev = len(pos), pos.device
+    nb = -(-T // BLOCK)
+    qb = torch.arange(T, device=dev) // BLOCK
+    touched = torch.zeros(nb, nb + 1, dtype=torch.int32, device=dev)
+    covered = torch.zeros_like(touched)
+    for lo, hi in ((lo1, hi1), (lo2, hi2)):
+        some = hi > lo
+        first, past = lo // BLOCK, (hi - 1) // BLOCK + 1
+        touched.index_put_((qb[some], first[some]), torch.ones_like(first[some], dtype=torch.int32), accumulate=True)
+        touched.index_put_((qb[some], past[some]), -torch.ones_like(past[some], dtype=torch.int32), accumulate=True)
+        # Tiles inside [lo, hi): from ceil(lo / BLOCK) to hi // BLOCK, the last (short) tile too at hi == T.
+        f0, f1 = (lo + BLOCK - 1) // BLOCK, torch.where(hi >= T, nb, hi // BLOCK)
+        whole = some & (f1 > f0)
+        covered.index_put_((qb[whole], f0[whole]), torch.ones_like(f0[whole], dtype=torch.int32), accumulate=True)
+        covered.index_put_((qb[whole], f1[whole]), -torch.ones_like(f1[whole], dtype=torch.int32), accumulate=True)
+    rows = torch.bincount(qb, minlength=nb)[:, None]                             # (nb, 1) queries per tile
+    full = covered.cumsum(1)[:, :nb] == rows                                       # (nb, nb)
+    partial = (touched.cumsum(1)[:, :nb] > 0) & ~full
+
+    def indices(tiles):  # (nb, nb) bool -> counts (1, 1, nb) and the tiles first (1, 1, nb, nb)
+        order = torch.argsort((~tiles).to(torch.int8), dim=1, stable=True)
+        return tiles.sum(1, dtype=torch.int32)[None, None], order.to(torch.int32)[None, None]
+
+    def mask_mod(b, h, q, kv):  # the same rule, per (query, key), for the partial tiles
+        own = (kv >= lo1[q]) & (kv < hi1[q])
+        return own | ((kv >= lo2[q]) & (kv < hi2[q]))
+    return BlockMask.from_kv_blocks(*indices(partial), *indices(full), BLOCK_SIZE=BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(T, T))
+
+
+_compiled_flex = None
+
+
+def flex(query, key, value, block_mask, scale):
+    """flex_attention, compiled (once per process, for every length: dynamic shapes): a fused
+    kernel that skips the masked tiles. Uncompiled, it would materialise the (T, T) scores."""
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+        _compiled_flex = torch.compile(flex_attention, dynamic=True)
+    return _compiled_flex(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def window_mask(q_len, k_len, window, device):
+    """(q_len, k_len) bool: causal with the queries at the end of the keys, within `window`."""
+    i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
+    j = torch.arange(k_len, device=device)[None]
+    return (j <= i) & (j > i - window)
+
+
+def causal_attention(query, key, value, scaling, window):
+    """SDPA, causal with the queries at the end of the keys (a KV cache before them, or none), and
+    within a sliding `window` (None: none). query (b, H, q, D), key and value (b, KVH, k, D)."""
     from torch.nn.attention.bias import causal_lower_right
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q, k = query.shape[2], key.shape[2]
+    if window is not None and k > window:
+        mask = window_mask(q, k, window, query.device)
+    else:
+        mask = causal_lower_right(q, k) if q > 1 else None
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                            scale=scaling, enable_gqa=True)
+
+
+def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                     packed_row=None, sliding_window=None, kernel="sdpa", **kwargs):
+    """The attention function transformers calls in every layer (use_packed_attention): over a
+    packed row, the row's segments kept apart (PackedRow); on any other call, causal attention as
+    the model's own (transformers builds no mask for it: causal_attention). query (b, H, q, D),
+    key and value (b, KVH, k, D) -> (b, q, H, D), None.
+
+    Two kernels for a packed row, the same numbers: "sdpa", one SDPA call per segment (a response's
+    keys are its prompt's and its own, concatenated), exact and memory-light on any device; "flex",
+    one FlexAttention call over the whole row with the row's BlockMask (compiled: the fused GPU
+    kernel). `sliding_window` (a layer's, as transformers passes it) is kept by both."""
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("packed attention has no logit softcapping or attention sinks")
+    if packed_row is None:
+        out = causal_attention(query, key, value, scaling, sliding_window)
+        return out.transpose(1, 2).contiguous(), None
+    if kernel == "flex":
+        out = flex(query, key, value, packed_row.block_mask(sliding_window), scaling)
+        return out.transpose(1, 2).contiguous(), None
     out = []
-    for s, e, ps, pe in segments:
-        if pe == 0:
-            out.append(sdpa(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                            scale=scaling, enable_gqa=True))
-        else:
-            k = torch.cat([key[:, :, ps:pe], key[:, :, s:e]], dim=2)
-            v = torch.cat([value[:, :, ps:pe], value[:, :, s:e]], dim=2)
-            out.append(sdpa(query[:, :, s:e], k, v, attn_mask=causal_lower_right(e - s, k.shape[2]),
-                            scale=scaling, enable_gqa=True))
+    for s, e, ps, pe in packed_row.segments:
+        k, v = key[:, :, s:e], value[:, :, s:e]
+        if pe:  # a response: its prompt's keys, then its own
+            k = torch.cat([key[:, :, ps:pe], k], dim=2)
+            v = torch.cat([value[:, :, ps:pe], v], dim=2)
+        out.append(causal_attention(query[:, :, s:e], k, v, scaling, sliding_window))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
-def use_segment_attention(model):
-    """Make `model` (a transformers model) attend with segment_attention: the same as SDPA until a
-    call passes `segments`. -> model"""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-    AttentionInterface.register("tepo_segments", segment_attention)
-    AttentionMaskInterface.register("tepo_segments", sdpa_mask)  # else HF builds no mask at all
-    model.set_attn_implementation("tepo_segments")
+KERNELS = ("sdpa", "flex")
+
+
+def unpackable(config):
+    """Why a model's attention cannot run over packed rows here (a setting its attention reads that
+    packed_attention does not compute), or None."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "attn_logit_softcapping", None) is not None:
+        return f"attn_logit_softcapping={text.attn_logit_softcapping} (logit softcapping)"
+    if getattr(text, "use_bidirectional_attention", False):
+        return "use_bidirectional_attention=true"
+    if text.model_type in ("gpt_oss",):
+        return f"model_type {text.model_type} (attention sinks)"
+    return None
+
+
+def use_packed_attention(model, kernel="sdpa"):
+    """Make `model` (a transformers model) attend with packed_attention and `kernel`. transformers
+    then builds no attention mask at all (none is registered for it): a packed row needs none, and
+    positions that restart per sequence would otherwise make it build a (1, 1, T, T) one.
+    -> model"""
+    from transformers import AttentionInterface
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown packed attention kernel {kernel!r}; choose one of {KERNELS}")
+    why = unpackable(model.config)
+    if why:
+        raise UserError(f"model_type {model.config.model_type}: {why} is not supported by packed "
+                        f"micro-batches; set micro_batch_layout: grouped")
+    name = f"tepo_packed_{kernel}"
+    AttentionInterface.register(name, functools.partial(packed_attention, kernel=kernel))
+    model.set_attn_implementation(name)
     return model

@@ -134,9 +134,10 @@ def watch_launcher(parent, period=LAUNCHER_POLL_S):
     watch_launcher.started = True
 
 
-def load_model(path):
-    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built,
-    attending with packing.segment_attention (SDPA, and the packed layout's segments).
+def load_model(path, packed_kernel=None):
+    """An HF causal LM in fp32 with every dropout off, set in the config before the model is built;
+    attending with packing.packed_attention by `packed_kernel` ("sdpa" or "flex") for packed
+    micro-batches, or (None) with the model's own attention (the grouped layout).
 
     The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
     Built modules copy their dropout rate from the config at construction (Qwen2's attention
@@ -152,7 +153,19 @@ def load_model(path):
     for m in model.modules():  # and any nn.Dropout the config does not name
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    return packing.use_segment_attention(model)  # packed micro-batches (packing.micro_batches)
+    return packing.use_packed_attention(model, packed_kernel) if packed_kernel else model
+
+
+def packed_kernel(cfg, device):
+    """The packed row's attention kernel for cfg on `device` (auto: flex on GPU, where its fused
+    kernel is one call per layer; sdpa on CPU, with no compilation), or None when the layout is
+    not packed."""
+    if cfg.micro_batch_layout != "packed":
+        return None
+    if cfg.packed_attention == "flex" and device.type == "cpu":
+        raise UserError("config: packed_attention flex needs a GPU (torch's flex_attention has no "
+                        "backward on the CPU); use sdpa, or auto")
+    return {"auto": "flex" if device.type == "cuda" else "sdpa"}.get(cfg.packed_attention, cfg.packed_attention)
 
 
 def load_policy(path, cfg, device, trainable=True):
@@ -164,7 +177,7 @@ def load_policy(path, cfg, device, trainable=True):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    model = load_model(path)
+    model = load_model(path, packed_kernel(cfg, device))
     if cfg.activation_checkpointing and trainable:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))

@@ -520,8 +520,8 @@ def response_logprobs(model, batch, temperature, with_entropy):
     None. Two layouts (packing.collate makes them):
 
     "packed" (train.py's): one row (1, T) holding each prompt once, then its responses, with no
-    padding: "ids", "pos" (positions: a response goes on from its prompt's length), "segments"
-    (packing.segment_attention: which keys each segment sees), "keep" (K,) the row positions
+    padding: "ids", "pos" (positions: a response goes on from its prompt's length), "row"
+    (packing.PackedRow: which keys each segment sees), "keep" (K,) the row positions
     whose logits predict the K response tokens "targets" (1, K) (a response's first token is
     predicted from its prompt's last position, so that position is kept once per response), and
     "spans" (b, R) where each response's tokens lie in those K (padding: any). Every position
@@ -536,7 +536,7 @@ def response_logprobs(model, batch, temperature, with_entropy):
     b, R = resp.shape
     if "ids" in batch:
         logits = model(input_ids=batch["ids"], position_ids=batch["pos"], logits_to_keep=batch["keep"],
-                       use_cache=False, segments=batch["segments"]).logits          # (1, K, V)
+                       use_cache=False, packed_row=batch["row"]).logits             # (1, K, V)
         logp, ent = token_logprobs_entropy(logits, batch["targets"], temperature, with_entropy)
         spans = batch["spans"]                                                     # (b, R)
         return logp[0][spans], ent[0][spans] if with_entropy else None

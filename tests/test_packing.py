@@ -71,3 +71,126 @@ def test_deal_is_the_same_on_every_rank_and_keeps_whole_groups_when_it_can():
     b = packing.deal([list(seqs)], WORLD)
     assert [[id(s) for s in d[0]] for d in a] == [[id(s) for s in d[0]] for d in b]
     assert all(len({s.gid for s in d[0]}) == 1 and len(d[0]) == 4 for d in a)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def packed_row(prompts, resps, seed=0):
+    """A collated packed batch of random token ids: prompts[g] tokens each, resps[g] responses."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for gid, (p, rs) in enumerate(zip(prompts, resps)):
+        prompt = torch.randint(2, 100, (p,), generator=g).tolist()
+        seqs += [Sequence((0, gid), prompt, torch.randint(2, 100, (n,), generator=g).tolist(), 0.5,
+                          True, torch.zeros(n)) for n in rs]
+    return seqs, packing.collate(seqs, torch.device("cpu"))
+
+
+def dense_rule(segments, pos, window):
+    """(T, T) bool: which key each query sees, straight from the rule (a test's reference)."""
+    T = len(pos)
+    allowed = torch.zeros(T, T, dtype=torch.bool)
+    for s, e, ps, pe in segments:
+        for q in range(s, e):
+            keys = list(range(s, q + 1)) + list(range(ps, pe))
+            for k in keys:
+                allowed[q, k] = window is None or pos[q] - pos[k] < window
+    return allowed
+
+
+@pytest.mark.parametrize("window", [None, 7, 200])
+def test_the_block_mask_is_the_rule_tile_by_tile(window):
+    """The BlockMask built from a row's segments (no (T, T) tensor) has, for every 128 x 128 tile,
+    the partial and full tiles of the dense rule, and its mask_mod is the rule itself."""
+    _, batch = packed_row([150, 3, 260, 40], [[5, 300, 17], [1, 2], [129, 128, 90, 1], [400]])
+    row = batch["row"]
+    T = len(row.pos)
+    want = dense_rule(row.segments, row.pos.tolist(), window)
+    bm = row.block_mask(window)
+    q, k = torch.arange(T)[:, None], torch.arange(T)[None]
+    assert torch.equal(bm.mask_mod(0, 0, q, k), want)
+    nb = -(-T // packing.BLOCK)
+    tiles = [[want[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] for j in range(nb)] for i in range(nb)]
+
+    def listed(num, idx):
+        return [set(idx[0, 0, i, :num[0, 0, i]].tolist()) for i in range(nb)]
+    partial, full = listed(bm.kv_num_blocks, bm.kv_indices), listed(bm.full_kv_num_blocks, bm.full_kv_indices)
+    for i in range(nb):
+        assert full[i] == {j for j in range(nb) if tiles[i][j].all()}, i
+        assert partial[i] == {j for j in range(nb) if tiles[i][j].any() and not tiles[i][j].all()}, i
+
+
+def own_forward_logprobs(path, seqs):
+    """Each sequence alone through the model with its own attention (transformers' SDPA and its
+    masks, sliding windows included): [(R,) log-probs]."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    out = []
+    with torch.no_grad():
+        for s in seqs:
+            lp = torch.log_softmax(model(input_ids=torch.tensor([s.prompt + s.resp])).logits[0], -1)
+            out.append(lp[len(s.prompt) - 1:-1].gather(1, torch.tensor(s.resp)[:, None])[:, 0])
+    return out
+
+
+def sliding_model(tmp_path):
+    """A tiny Qwen2 with a sliding window of 6 positions in its second layer (use_sliding_window)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True,
+                         sliding_window=6, max_window_layers=1, max_position_embeddings=512)
+    path = str(tmp_path / "sliding")
+    Qwen2ForCausalLM(config).float().save_pretrained(path)
+    return path
+
+
+def check_against_own_forward(path, kernel):
+    from transformers import AutoModelForCausalLM
+    seqs, batch = packed_row([9, 4, 13], [[12, 3, 20], [1, 30], [7, 9]], seed=2)
+    model = packing.use_packed_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), kernel)
+    with torch.no_grad():
+        logp, _ = tepo.response_logprobs(model, batch, 1.0, False)
+    for b, (s, want) in enumerate(zip(seqs, own_forward_logprobs(path, seqs))):
+        assert torch.allclose(logp[b, :len(s.resp)], want, atol=1e-5), (b, kernel)
+
+
+def test_a_sliding_window_model_gets_its_own_forwards_numbers_packed(tmp_path):
+    """Qwen2 with use_sliding_window: packed log-probs (sdpa kernel) equal the model's own forward
+    of each sequence alone; with the window dropped they would not (the test can fail)."""
+    path = sliding_model(tmp_path)
+    check_against_own_forward(path, "sdpa")
+    from transformers import AutoModelForCausalLM
+    seqs, batch = packed_row([9, 4, 13], [[12, 3, 20], [1, 30], [7, 9]], seed=2)
+    full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    full.config.layer_types = ["full_attention"] * 2   # the same weights, no window
+    for layer in full.model.layers:
+        layer.self_attn.sliding_window = None
+    packing.use_packed_attention(full, "sdpa")
+    with torch.no_grad():
+        logp, _ = tepo.response_logprobs(full, batch, 1.0, False)
+    want = own_forward_logprobs(path, seqs)
+    assert max((logp[b, :len(s.resp)] - w).abs().max().item() for b, (s, w) in enumerate(zip(seqs, want))) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sliding", [False, True])
+def test_flex_kernel_gets_each_sequences_own_numbers(tmp_path, tiny_model_dir, sliding):
+    """The flex kernel (compiled flex_attention over the row's BlockMask: the GPU's path), run on the
+    CPU: log-probs equal each sequence's own forward, with and without a sliding window. (Forward
+    only: torch 2.13's flex_attention has no backward on the CPU; its backward reads the same
+    BlockMask, whose every tile is checked above.)"""
+    check_against_own_forward(sliding_model(tmp_path) if sliding else tiny_model_dir, "flex")
+
+
+def test_a_model_whose_attention_cannot_be_packed_is_refused_at_start():
+    """Gemma 2 caps its attention logits (attn_logit_softcapping): packed micro-batches would drop
+    that, so loading it for them is a one-line error naming the setting and the way out."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    from config import UserError
+    model = Gemma2ForCausalLM(Gemma2Config(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=2, num_attention_heads=2,
+                                           num_key_value_heads=1, head_dim=32))
+    with pytest.raises(UserError, match="attn_logit_softcapping.*micro_batch_layout: grouped"):
+        packing.use_packed_attention(model, "sdpa")

@@ -141,7 +141,7 @@ def test_response_logprobs_match_a_per_sequence_forward(tmp_path, layout, rows):
     log-probs, entropies and gradients of a plain forward of each sequence alone."""
     from transformers import AutoModelForCausalLM
     path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
-    model = packing.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    model = packing.use_packed_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(2, 100, (6,), generator=g).tolist()
     prompts = [torch.randint(2, 100, (p,), generator=g).tolist() for p in (6, 2, 9)]
@@ -178,7 +178,7 @@ def test_packed_gives_the_loss_and_gradient_of_the_layout_of_before(tmp_path, me
     method."""
     from transformers import AutoModelForCausalLM
     path = make_tiny_model(str(tmp_path / "m"), hidden=64, layers=2, heads=2, kv_heads=1)
-    model = packing.use_segment_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
+    model = packing.use_packed_attention(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32))
     g = torch.Generator().manual_seed(1)
     seqs = []
     for gid, p in enumerate((5, 11, 3)):
