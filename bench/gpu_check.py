@@ -1,0 +1,248 @@
+"""The first command on a GPU machine: does this project's GPU path work here, before GPU-hours go
+into a run? Each check prints its number and PASS or FAIL; the exit code is the number that failed.
+
+    python bench/gpu_check.py [--config configs/math1.5b-tepo.yaml] [--model ID_OR_DIR]
+    python bench/gpu_check.py --cpu    # the same checks on the CPU with a tiny model (the tests)
+
+On one GPU, with the config's model (or --model: a smaller one checks the path faster), in a few
+minutes:
+  1. one RL step   train.py for one step of the config at a small size (4 prompts x 4 responses of
+                   up to 256 tokens, on 16 arithmetic problems), in its own process: it ends, with
+                   finite metrics; its seconds per step
+  2. packed = own  the trainer's log-probs of packed responses (the config's kernel: FlexAttention
+                   on a GPU, FSDP2 as in training) against each sequence through the model alone,
+                   with transformers' own attention: in fp32 the largest |difference| per token
+                   (a leak between the sequences of a row, or a wrong mask, is ~1), and in the
+                   config's train_dtype (bf16) the mean
+  3. vLLM beside   the engine started at the config's gpu_memory_utilization beside the trainer,
+                   sampling; its log-probs against the trainer's (mismatch/abs_mean) and the GPU
+                   memory in use
+  4. weight sync   the engine asleep, one optimizer step of the trainer (lr 1e-4, so the policy
+                   moves), the engine woken and sent the weights (as train.py's sync_weights):
+                   the mismatch of fresh samples after the sync, against the mismatch before it
+--cpu: the same four, on a tiny random Qwen2 model (demo.make_tiny_model), fp32, the "sdpa"
+kernel for the trainer (the flex kernel's forward is checked as well in 2: torch's flex_attention
+has no backward on the CPU), vLLM's CPU build: tests/test_gpu_check.py runs it, so it cannot rot.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+import packing  # noqa: E402
+import policy  # noqa: E402
+import rollout  # noqa: E402
+import tepo  # noqa: E402
+from config import load_config  # noqa: E402
+from data import build_prompt, load_tokenizer, resolve_model  # noqa: E402
+from demo import DEMO_TEMPLATE, generate_rows, make_tiny_model  # noqa: E402
+from train import Sequence  # noqa: E402
+
+# Tolerances: (CPU fp32, GPU). fp32 on either device leaves only float noise; bf16 a few 1e-3 per
+# token (README: 4.9e-3 sampler/trainer at step 0 in bf16), a broken path ~0.1 to 10.
+TOL = {"fp32_max": 1e-3, "bf16_mean": 2e-2, "mismatch": (1e-4, 2e-2), "sync_ratio": 3.0}
+
+
+def report(results, name, value, ok, note=""):
+    print(f"{'PASS' if ok else 'FAIL'}  {name:<14} {value}{'  ' + note if note else ''}", flush=True)
+    results.append(ok)
+
+
+def small_config(args, model_dir, work):
+    """The config at the check's size, as a YAML file on top of --config (its model, kernel, dtypes
+    and memory split kept): 16 arithmetic problems to train on. -> its path"""
+    data_file = os.path.join(work, "problems.jsonl")
+    rows, _ = generate_rows(16, seed=0)
+    with open(data_file, "w") as f:
+        f.writelines(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n" for r in rows)
+    small = {"base": os.path.abspath(args.config), "model": model_dir, "train_data": data_file,
+             "eval_data": "", "out_dir": os.path.join(work, "rl"), "steps": 1, "prompts_per_step": 4,
+             "group_size": 4, "max_prompt_len": 128, "max_new_tokens": 48 if args.cpu else 256,
+             "save_every": 0, "log_samples_every": 0, "loggers": ["jsonl"],
+             "prompt_template": DEMO_TEMPLATE}
+    if args.cpu:
+        small.update(dtype="float32", train_dtype="float32")
+    path = os.path.join(work, "small.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(small, f)
+    return path
+
+
+def rl_step(config, results):
+    """1. train.py for one step, in its own process (torchrun, one rank)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+           os.path.join(ROOT, "train.py"), "--config", config]
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if run.returncode:
+        return report(results, "one RL step", f"exit {run.returncode}", False, run.stderr[-1500:])
+    with open(os.path.join(load_config(config).out_dir, "metrics.jsonl")) as f:
+        last = [json.loads(line) for line in f][-1]
+    finite = all(v is None or not isinstance(v, float) or math.isfinite(v) for v in last.values())
+    report(results, "one RL step", f"{last['timing/step']:.1f} s/step ({time.perf_counter() - t0:.0f} s "
+           f"with start-up), reward {last['reward/mean']:.3f}", finite and last["step"] == 1)
+
+
+def sequences(tokenizer, n, max_resp, seed=0):
+    """n Sequences: real prompts (the demo's problems through the template), random responses of
+    1..max_resp tokens, two per prompt."""
+    g = torch.Generator().manual_seed(seed)
+    rows, _ = generate_rows(n // 2, seed=seed)
+    vocab = min(len(tokenizer), 30000)
+    out = []
+    for k, row in enumerate(rows):
+        prompt = tokenizer(build_prompt(tokenizer, row["problem"], DEMO_TEMPLATE))["input_ids"]
+        for _ in range(2):
+            R = int(torch.randint(1, max_resp + 1, (1,), generator=g))
+            out.append(Sequence((0, k), prompt, torch.randint(3, vocab, (R,), generator=g).tolist(),
+                                1.0, True, torch.zeros(R)))
+    return out
+
+
+def trainer_logprobs(model, seqs, device, temperature=1.0):
+    """[(R,) fp32] of `seqs` packed into one row (no grad)."""
+    with torch.no_grad():
+        batch = packing.collate(seqs, device)
+        logp, _ = tepo.response_logprobs(model, batch, temperature, False)
+    return [logp[b, :len(s.resp)].float().cpu() for b, s in enumerate(seqs)]
+
+
+def own_logprobs(model_dir, seqs, device, dtype):
+    """[(R,) fp32] of each sequence alone through the model with transformers' own SDPA attention."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
+    out = []
+    with torch.no_grad():
+        for s in seqs:
+            logits = model(input_ids=torch.tensor([s.prompt + s.resp], device=device)).logits[0].float()
+            lp = logits[len(s.prompt) - 1:-1].log_softmax(-1)
+            out.append(lp.gather(1, torch.tensor(s.resp, device=device)[:, None])[:, 0].cpu())
+    del model
+    return out
+
+
+def differences(a, b):
+    d = torch.cat([(x - y).abs() for x, y in zip(a, b)])
+    return d.max().item(), d.mean().item()
+
+
+def packed_equals_own(args, config, model_dir, device, results):
+    """2. Packed log-probs (FSDP2, the config's kernel) against each sequence alone."""
+    tokenizer = load_tokenizer(model_dir)
+    seqs = sequences(tokenizer, 12, 48 if args.cpu else 600)
+    kernels = ["sdpa", "flex"] if args.cpu else [None]  # None: the config's (flex on a GPU)
+    for kernel in kernels:
+        cfg = load_config(config, ["train_dtype=float32"] + ([f"packed_attention={kernel}"] if kernel else []))
+        if kernel == "flex":  # forward only on the CPU (no flex backward there): the model alone
+            model = policy.load_model(model_dir, "flex").to(device)
+        else:
+            model = policy.load_policy(model_dir, cfg, device, trainable=False)
+        worst, _ = differences(trainer_logprobs(model, seqs, device),
+                               own_logprobs(model_dir, seqs, device, torch.float32))
+        name = f"packed = own ({kernel or policy.packed_kernel(cfg, device)}, fp32)"
+        report(results, name, f"max |d| {worst:.2e} per token", worst <= TOL["fp32_max"])
+        del model
+    if not args.cpu:
+        cfg = load_config(config)
+        model = policy.load_policy(model_dir, cfg, device, trainable=False)
+        _, mean = differences(trainer_logprobs(model, seqs, device),
+                              own_logprobs(model_dir, seqs, device, torch.bfloat16))
+        report(results, "packed = own (bf16)", f"mean |d| {mean:.2e} per token", mean <= TOL["bf16_mean"])
+        del model
+
+
+def mismatch(engine_samples, trainer_lps):
+    d = torch.cat([(torch.tensor(s.logprobs) - lp).abs() for s, lp in zip(engine_samples, trainer_lps)])
+    return d.mean().item()
+
+
+def engine_and_sync(args, config, model_dir, device, results):
+    """3. vLLM beside the trainer, and 4. one weight sync after an optimizer step."""
+    cfg = load_config(config)
+    model = policy.load_policy(model_dir, cfg, device)
+    engine = rollout.make_engine(model_dir, backend="vllm", dtype=cfg.dtype, seed=0,
+                                 max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
+    tokenizer = load_tokenizer(model_dir)
+    rows, _ = generate_rows(8, seed=1)
+    prompts = [build_prompt(tokenizer, r["problem"], DEMO_TEMPLATE) for r in rows]
+    tol = TOL["mismatch"][0 if args.cpu else 1]
+
+    def sample_and_score(seed):
+        groups = engine.generate(prompts, n=2, max_new_tokens=cfg.max_new_tokens, temperature=1.0,
+                                 top_p=1.0, seed=seed)
+        samples = [s for g in groups for s in g]
+        seqs = [Sequence((0, i // 2), s.prompt_ids, s.response_ids, 1.0, True, torch.zeros(1))
+                for i, s in enumerate(samples)]
+        return samples, seqs
+    samples, seqs = sample_and_score(1)
+    before = mismatch(samples, trainer_logprobs(model, seqs, device))
+    memory = ""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        memory = f"; GPU memory in use {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB"
+    report(results, "vLLM beside", f"mismatch/abs_mean {before:.2e}{memory}", before <= tol)
+
+    engine.sleep()  # 4: as a step does: the engine asleep through the update
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4 if not args.cpu else 1e-2)
+    batch = packing.collate(seqs, device)
+    logp, _ = tepo.response_logprobs(model, batch, 1.0, False)
+    (-(logp * batch["mask"]).sum() / batch["mask"].sum()).backward()
+    opt.step()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    engine.wake()
+    stale = mismatch(samples, trainer_logprobs(model, seqs, device))  # the engine's old weights
+    engine.update_weights(policy.full_weights(model))
+    samples, seqs = sample_and_score(2)
+    after = mismatch(samples, trainer_logprobs(model, seqs, device))
+    ok = after <= tol and stale >= TOL["sync_ratio"] * max(after, 1e-12)
+    report(results, "weight sync", f"mismatch {after:.2e} after the sync, {stale:.2e} before it", ok)
+    engine.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
+    ap.add_argument("--model", help="the model to check with (default: the config's)")
+    ap.add_argument("--cpu", action="store_true", help="the CPU form: a tiny model, fp32")
+    args = ap.parse_args()
+    if not args.cpu and not torch.cuda.is_available():
+        raise SystemExit("no GPU here: run with --cpu for the CPU form of the checks")
+    results = []
+    with tempfile.TemporaryDirectory() as work:
+        if args.cpu:
+            model_dir = args.model or make_tiny_model(os.path.join(work, "model"), hidden=64, layers=2,
+                                                      heads=2, kv_heads=1, intermediate=128,
+                                                      max_positions=512)
+        else:
+            model_dir = resolve_model(args.model or load_config(args.config).model)
+        print(f"checking {model_dir} with {args.config} on {'the CPU' if args.cpu else torch.cuda.get_device_name()}",
+              flush=True)
+        config = small_config(args, model_dir, work)
+        rl_step(config, results)
+        # Checks 2-4 in this process: one rank's process group, as train.py's.
+        rank, world, device = policy.setup_distributed()
+        for check in (packed_equals_own, engine_and_sync):
+            try:
+                check(args, config, model_dir, device, results)
+            except Exception as e:  # noqa: BLE001 - a check that crashes is a failed check, named
+                report(results, check.__name__, f"{type(e).__name__}: {str(e)[:500]}", False)
+    failed = results.count(False)
+    print(f"{len(results) - failed} of {len(results)} checks passed")
+    policy.end_distributed()
+    sys.exit(failed)
+
+
+if __name__ == "__main__":
+    main()
