@@ -10,6 +10,8 @@ train.load_config). Assumptions (all per GPU = per rank; W = world size, N = par
   Gathered bf16: the root unit (embeddings, final norm, lm_head), unsharded for the whole
   forward/backward, plus 2 decoder layers (the one computing + the prefetched one); at the
   reduce-scatter, a transient unsharded fp32 gradient of the largest unit (the root).
+- The packed row's attention mask: FlexAttention's block masks, (T / 128)^2 tiles of int32 (no
+  T x T tensor: packing.segment_block_mask).
 - Activations of one micro-batch of T = micro_batch_tokens tokens (packed: real tokens, each
   prompt once, no padding; an upper bound, the last micro-batch being partly filled). Per layer and token, bf16 (2 B) unless noted, with SDPA/flash
   attention (no S x S matrix saved; Korthikanti et al. 2022 adapted: no dropout masks, SwiGLU,
@@ -32,18 +34,24 @@ train.load_config). Assumptions (all per GPU = per rank; W = world size, N = par
   Not modelled: allocator fragmentation; torch's caching allocator keeping the update's peak
   reserved when vLLM wakes (train.py calls no torch.cuda.empty_cache()); the weight sync's full
   fp32 tensors gathered one at a time while vLLM is awake (the largest: the embedding, V x h x 4 B).
-- Time: update FLOPs = 8 x N x tokens with checkpointing (6 without) + causal attention
-  (2 x layers x q_dim x S per token forward, x4 with checkpointing, x3 without), all samples
-  trained (A != 0); the old-logprob pass = 2N + attention over (1 - 1/num_minibatches) of the
-  tokens (the first mini-batch's forward is its own old pass). "tokens" are the positions the
-  config's micro_batch_layout computes, padding included: packed, each prompt once and every
-  response token (no padding); grouped (the layout of before), every response padded to its
-  group's longest, and under checkpointing the prompt in every row. The longest of a group comes
-  from log-normal response lengths (mean --response-len, sd --response-sd, capped at
-  max_new_tokens; 4,000 simulated groups). Prefill: 2N x prompts/rank x prompt
-  tokens (prefix-cached). Decode: memory-bound: max_new_tokens steps (the longest response sets
-  the wall clock), each reading the bf16 weights, plus the KV of every token of every sequence
-  at every step, at --hbm-frac of HBM bandwidth; or compute-bound at --mfu if that is slower.
+- Time: update FLOPs = 8 x N x positions with checkpointing (6 without) + causal attention
+  (2 x layers x q_dim x S per position forward, x4 with checkpointing, x3 without), old pass 2N +
+  attention per position. The positions are the busiest rank's (each optimizer step and the old
+  pass wait for it), simulated with the project's own rule (packing.deal, micro_batches,
+  computed_tokens; step_positions): log-normal response lengths (mean --response-len, sd
+  --response-sd, capped at max_new_tokens), a share --equal-groups of the groups with equal
+  rewards (A = 0: the update skips them unless the loss reads every response, as grpo's KL term
+  does), each prompt once in the packed layout; the grouped layout (the layout of before) pads
+  every response to its group's longest and, under checkpointing, copies the prompt into every
+  row. Prefill: 2N x prompts/rank x prompt tokens (prefix-cached). Decode: memory-bound:
+  max_new_tokens steps (the longest response sets the wall clock), each reading the bf16 weights,
+  plus the KV of every token of every sequence at every step, at --hbm-frac of HBM bandwidth; or
+  compute-bound at --mfu if that is slower.
+- Evaluation: decode waves of up to 256 sequences (vLLM's max_num_seqs) on the busiest rank, each
+  running to the response cap like the rollout's decode: the held-out set (eval_data's rows, else
+  MATH-500's 500) at eval_n every eval_every steps, amortised per step; and eval.py --preset paper
+  on the same ranks. Problem i on rank i mod W (eval.my_problems); the rule before dealt whole
+  chunks of ceil(1024 / n) problems, so MATH-500 at n = 1 was one call on rank 0 (eval_waves).
 """
 import argparse
 import json
@@ -97,20 +105,78 @@ def act_bytes_per_token_layer(m):
     return 2 * (2 * h + 2 * h + 2 * (q + 2 * kv) + q + 4 * I) + 4 * 2 * h + 4 * m["heads"]
 
 
-def computed_per_rank(cfg, ppr, G, prompt, resp, sd, layout):
-    """(positions computed, real tokens) of one rank's step in `layout` (see the docstring)."""
+def step_positions(cfg, W, prompt, resp, sd, equal, steps=40, seed=0):
+    """Positions one step's passes compute, simulated through the project's own dealing and
+    micro-batching (packing.deal, micro_batches, computed_tokens) on log-normal response lengths
+    (mean resp, sd, capped at max_new_tokens), prompts of `prompt` tokens, a share `equal` of the
+    groups with equal rewards (A = 0: the update skips them unless the loss reads every response).
+    -> dict of means over `steps` simulated steps: "update" the busiest rank's positions summed
+    over the mini-batches (each optimizer step waits for its busiest rank), "update_mean" the
+    mean rank's, "old" and "old_mean" the same for the old pass, "real" every real token / W, and
+    "before": the busiest rank's update under the rule before (whole groups by all their tokens)."""
     import numpy as np
-    real = ppr * (prompt + G * resp)
-    if layout == "packed":
-        return real, real
+    import packing
+    from train import Sequence
+    lcfg, layout, rows = cfg.loss_cfg, cfg.micro_batch_layout, cfg.activation_checkpointing
+    rng = np.random.default_rng(seed)
     sigma2 = np.log(1 + (sd / resp) ** 2)
-    lengths = np.random.default_rng(0).lognormal(np.log(resp) - sigma2 / 2, np.sqrt(sigma2), (4000, G))
-    longest = np.minimum(lengths, cfg.max_new_tokens).max(1).mean()
-    rows = cfg.activation_checkpointing  # no KV cache to share the prompt through
-    return ppr * ((G if rows else 1) * prompt + G * longest), real
+    ppr, G, K = cfg.prompts_per_step // W, cfg.group_size, cfg.num_minibatches
+
+    def work(seqs):
+        mbs = packing.micro_batches(seqs, cfg.micro_batch_tokens, layout)
+        return packing.computed_tokens(mbs, layout, rows) if seqs else 0
+    acc = {}
+    for _ in range(steps):
+        mbs = [[] for _ in range(K)]
+        for r in range(W):
+            seqs = []
+            for g in range(ppr):
+                flat = rng.random() < equal
+                lens = np.minimum(np.maximum(np.rint(rng.lognormal(np.log(resp) - sigma2 / 2, np.sqrt(sigma2), G)), 1),
+                                  cfg.max_new_tokens).astype(int)
+                for j, n in enumerate(lens):
+                    a = 0.0 if flat else (1.0 if j % 2 else -1.0)
+                    seqs.append(Sequence((r, g), [0] * prompt, [0] * int(n), a,
+                                         in_loss=a != 0 or lcfg.every_response_in_loss, rollout_logp=None))
+            for k, part in enumerate(np.array_split(np.arange(len(seqs)), K)):
+                mbs[k] += [seqs[i] for i in part]
+        dealt = packing.deal(mbs, W, rest_forwarded=cfg.full_batch_metrics)
+        upd = [[work([s for s in dealt[r][k] if s.in_loss]) for r in range(W)] for k in range(K)]
+        old = [work([s for k in range(K) for s in dealt[r][k]
+                     if (s.in_loss and k > 0) or (not s.in_loss and cfg.full_batch_metrics)]) for r in range(W)]
+        before = []
+        for k in range(K):  # the rule before: whole groups by all their tokens, trained ones counted
+            load, trained = [0] * W, [0] * W
+            for grp in sorted(packing.groups_of(mbs[k]), key=lambda g: (-packing.cost(g), g[0].gid)):
+                r = min(range(W), key=lambda r: (load[r], r))
+                load[r] += packing.cost(grp)
+                trained[r] += packing.cost([s for s in grp if s.in_loss]) if any(s.in_loss for s in grp) else 0
+            before.append(max(trained))
+        real = sum(len(s.resp) for mb in mbs for s in mb) + sum(
+            len(g[0].prompt) for mb in mbs for g in packing.groups_of(mb))
+        for key, v in (("update", sum(map(max, upd))), ("update_mean", sum(map(sum, upd)) / W),
+                       ("old", max(old)), ("old_mean", sum(old) / W), ("real", real / W),
+                       ("before", sum(before))):
+            acc[key] = acc.get(key, 0) + v / steps
+    return acc
 
 
-def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None):
+def eval_waves(problems, n, W, rule, max_num_seqs=256, seqs_per_call=1024):
+    """Decode waves (of up to max_num_seqs sequences at once) on the busiest rank for one benchmark
+    of `problems` problems at n samples: "now", problem i on rank i mod W (eval.my_problems) in
+    calls of ceil(seqs_per_call / n) problems; "before", whole chunks of that many problems dealt
+    round-robin to the ranks, one call each."""
+    import math as m
+    chunk = m.ceil(seqs_per_call / n)
+    if rule == "now":
+        mine = m.ceil(problems / W)
+        return sum(m.ceil(min(chunk, mine - c) * n / max_num_seqs) for c in range(0, mine, chunk))
+    chunks = [min(chunk, problems - c) for c in range(0, problems, chunk)]
+    per_rank = [chunks[r::W] for r in range(W)]
+    return max(sum(m.ceil(c * n / max_num_seqs) for c in mine) for mine in per_rank)
+
+
+def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
     gname, mem, flops, bw = GPUS[gpu]
     layer, root, N = params(m)
     ppr, G, T = cfg.prompts_per_step // W, cfg.group_size, cfg.micro_batch_tokens
@@ -139,8 +205,11 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None):
     logits = T * m["V"] * 2
     row("logits bf16 T x V x 2 B (+ its grad: x2)", 2 * logits + 2 * 2 ** 24 * 4,
         "(+ 2 fp32 chunk buffers of 2^24)")
+    nb = -(-T // 128)
+    row("attention mask of a packed row", 2 * 2 * nb * nb * 4, f"(block masks of (T / 128)^2 tiles; "
+        f"before: a T x T bool, {T * T / GiB:.2f} GiB kept, ~3x that while built)")
     act = ckpt if cfg.activation_checkpointing else full
-    update = sum(states.values()) + gathered + act + 2 * logits + 2 ** 27 + CTX + ASLEEP
+    update = sum(states.values()) + gathered + act + 2 * logits + 2 ** 27 + CTX + ASLEEP + 16 * nb * nb
     update_peak2 = sum(states.values()) + gathered + 4 * root + CTX + ASLEEP  # at reduce-scatter
     # vLLM
     budget = cfg.gpu_memory_utilization * mem
@@ -180,13 +249,17 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None):
     S = prompt + resp
     q_dim = m["heads"] * m["hd"]
     attn_fwd = 2 * m["L"] * q_dim * S                       # per token, causal
-    tok, real = computed_per_rank(cfg, ppr, G, prompt, resp, sd or 0.65 * resp, cfg.micro_batch_layout)
-    print(f"micro-batch layout {cfg.micro_batch_layout}: {tok / 1e3:.0f}k positions computed per rank "
-          f"and step for {real / 1e3:.0f}k real tokens ({tok / real:.2f}x; counted in the update and "
-          f"old-pass times below)")
+    pos = step_positions(cfg, W, prompt, resp, sd or 0.65 * resp, equal)
+    before = (f"; {pos['before'] / pos['update_mean']:.2f}x under the rule before, whole groups by all "
+              f"their tokens" if cfg.micro_batch_layout == "packed" else "")
+    print(f"micro-batch layout {cfg.micro_batch_layout}, {equal:.0%} of groups with equal rewards "
+          f"(--equal-groups): per rank and step {pos['real'] / 1e3:.0f}k real tokens; the busiest "
+          f"rank computes {pos['update'] / 1e3:.0f}k positions in the update ({pos['update'] / pos['update_mean']:.3f}x "
+          f"the mean rank{before}) and {pos['old'] / 1e3:.0f}k in the old pass ({pos['old'] / pos['old_mean']:.3f}x): "
+          f"the busiest rank's count in the times below (packing.deal, simulated)")
     k_mult = 4 if cfg.activation_checkpointing else 3
-    upd_flops = tok * ((8 if cfg.activation_checkpointing else 6) * N + k_mult * attn_fwd)
-    old_flops = tok * (1 - 1 / cfg.num_minibatches) * (2 * N + attn_fwd)
+    upd_flops = pos["update"] * ((8 if cfg.activation_checkpointing else 6) * N + k_mult * attn_fwd)
+    old_flops = pos["old"] * (2 * N + attn_fwd)
     prefill = ppr * prompt * (2 * N + attn_fwd * prompt / S)
     steps = cfg.max_new_tokens
     seqs = ppr * G
@@ -195,15 +268,44 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None):
     dec_cmp = seqs * resp * (2 * N + 2 * attn_fwd) / (flops * mfu)
     t_roll = prefill / (flops * mfu) + max(dec_mem, dec_cmp)
     t_old, t_upd = old_flops / (flops * mfu), upd_flops / (flops * mfu)
+    # Evaluation: decode waves of up to 256 sequences on the busiest rank (eval.py's rule now, and
+    # the chunks of before), each running to the response cap, memory-bound like the rollout.
+    wave = (steps * 2 * N + 256 * (prompt * resp + resp * resp / 2) * kv_tok) / (hbm_frac * bw)
+    held_out = count_rows(cfg.eval_data) or 500
+    now, before = (eval_waves(held_out, cfg.eval_n, W, rule) for rule in ("now", "before"))
+    t_eval = now * wave / max(cfg.eval_every, 1) if cfg.eval_data else 0.0
     print(f"step time (ESTIMATE; MFU {mfu:.0%} of {flops / 1e12:.0f} TFLOPS, decode at "
           f"{hbm_frac:.0%} of {bw / 1e12:.2f} TB/s):")
     print(f"  rollout  {t_roll:7.1f} s  (prefill {prefill / (flops * mfu):.2f} s; decode "
           f"{steps} steps x {seqs} seqs: memory-bound {dec_mem:.1f} s, compute-bound "
           f"{dec_cmp:.1f} s; the larger counts)")
     print(f"  old pass {t_old:7.1f} s  ({old_flops / 1e15:.1f} PFLOP)")
-    print(f"  update   {t_upd:7.1f} s  ({upd_flops / 1e15:.1f} PFLOP; {tok / 1e3:.0f}k tokens/rank)")
-    print(f"  total    {t_roll + t_old + t_upd:7.1f} s/step (not modelled: weight sync, grading, "
-          f"stragglers, vLLM's per-decode-step CPU overhead: +1 s per 0.33 ms/step over {steps} steps)")
+    print(f"  update   {t_upd:7.1f} s  ({upd_flops / 1e15:.1f} PFLOP; the busiest rank's {pos['update'] / 1e3:.0f}k "
+          f"positions)")
+    print(f"  eval     {t_eval:7.1f} s  (held-out {held_out} problems x {cfg.eval_n} every {cfg.eval_every} "
+          f"steps: {now} decode wave(s) of {wave:.1f} s on the busiest rank; before, rank 0 alone: {before})")
+    print(f"  total    {t_roll + t_old + t_upd + t_eval:7.1f} s/step (not modelled: weight sync, grading, "
+          f"vLLM's per-decode-step CPU overhead: +1 s per 0.33 ms/step over {steps} steps)")
+    paper = {b: (size, 32 if size < 100 else 4) for b, size in PAPER_SIZES.items()}
+    now, before = (sum(eval_waves(p, n, W, rule) for p, n in paper.values()) for rule in ("now", "before"))
+    print(f"eval.py --preset paper ({sum(p * n for p, n in paper.values()):,} samples) on {W} ranks: "
+          f"{now} decode waves on the busiest rank, ~{now * wave / 60:.1f} min (before: {before} waves, "
+          f"~{before * wave / 60:.1f} min)")
+
+
+def count_rows(path):
+    """The lines of a JSONL file, or 0 when it is not there."""
+    try:
+        with open(path if os.path.isabs(path) else os.path.join(ROOT, path)) as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+# The paper protocol's benchmarks and their sizes (data.py fetch's files): n = 32 under 100
+# problems, else 4 (eval.PRESETS["paper"]).
+PAPER_SIZES = {"math500": 500, "aime24": 30, "aime25": 30, "amc23": 40, "minerva": 272,
+               "olympiadbench": 675, "gsm8k": 1319}
 
 
 def anchor(mfu=0.11):
@@ -235,6 +337,9 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=150, help="assumed mean prompt tokens")
     ap.add_argument("--response-sd", type=float, help="assumed sd of response lengths (default "
                                                       "0.65 x mean): the grouped layout's padding")
+    ap.add_argument("--equal-groups", type=float, default=0.4,
+                    help="share of groups with equal rewards, which the update skips (default 0.4: "
+                         "early and late in training 40-60%% of groups are)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override, e.g. micro_batch_layout=grouped")
     ap.add_argument("--no-anchor", action="store_true")
@@ -244,7 +349,7 @@ def main():
     resp = args.response_len or cfg.max_new_tokens // 2
     for gpu in GPUS if args.gpu == "all" else (args.gpu,):
         plan(cfg, model_shapes(args.model), gpu, args.gpus, args.mfu, args.hbm_frac, resp,
-             args.prompt_len, args.response_sd)
+             args.prompt_len, args.response_sd, args.equal_groups)
     if not args.no_anchor:
         anchor()
 

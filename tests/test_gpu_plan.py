@@ -28,3 +28,16 @@ def test_verdicts(capsys):
     gpu_plan.plan(cfg, gpu_plan.model_shapes("1.5b"), "h100", 8, 0.4, 0.6, 1536, 150)
     out = capsys.readouterr().out
     assert "ENGINE DOES NOT FIT" not in out and "DOES NOT FIT" not in out
+
+
+def test_the_plan_counts_the_straggler_and_the_evaluation_by_todays_rules():
+    """The update's time is the busiest rank's (packing.deal simulated), and evaluation's the busiest
+    rank's decode waves: MATH-500 at n = 1 on 8 ranks is one wave now, two on rank 0 alone before;
+    the paper protocol 10 against 28."""
+    cfg = train.load_config(os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
+    pos = gpu_plan.step_positions(cfg, 8, 150, 700, 500, equal=0.6, steps=10)
+    assert pos["update"] / pos["update_mean"] <= 1.10 < pos["before"] / pos["update_mean"]
+    assert (gpu_plan.eval_waves(500, 1, 8, "now"), gpu_plan.eval_waves(500, 1, 8, "before")) == (1, 2)
+    paper = [(p, 32 if p < 100 else 4) for p in gpu_plan.PAPER_SIZES.values()]
+    assert sum(gpu_plan.eval_waves(p, n, 8, "now") for p, n in paper) == 10
+    assert sum(gpu_plan.eval_waves(p, n, 8, "before") for p, n in paper) == 28
