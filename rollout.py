@@ -121,6 +121,24 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
                            max_num_seqs=max_num_seqs, **vllm_kwargs))
 
 
+def cannot_sync(model_path, backend="vllm"):
+    """Why this engine could not receive a trained model's weights here (train.py's weight sync),
+    or None. vLLM's CPU build repacks a mixture of experts' weights after loading, as it does the
+    linear layers that _keep_plain_cpu_weights below restores: load_weights then leaves the
+    experts stale (seen: a tiny Qwen3-MoE scored 0.24 nats off the trainer after a sync). Sampling
+    alone (eval.py) is right."""
+    if backend != "vllm" or torch.cuda.is_available():
+        return None
+    with open(os.path.join(model_path, "config.json")) as f:
+        config = json.load(f)
+    config = config.get("text_config", config)
+    experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    if experts > 0:
+        return (f"model_type {config.get('model_type')} is a mixture of experts ({experts}), whose weights "
+                f"vLLM's CPU build cannot take in place: a weight sync would leave the experts stale")
+    return None
+
+
 def _rank_info():
     """(rank, local_rank, local_world_size) from torch.distributed and torchrun's env (0, 0, 1)."""
     rank = int(os.environ.get("RANK", 0))

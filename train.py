@@ -188,6 +188,9 @@ def setup(cfg, *, resume, overwrite=False):
         raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
     check_installed(cfg.loggers)  # before the loading: a missing tracker package stops the run now
     model_dir = resolve_model(cfg.model)
+    why = rollout.cannot_sync(model_dir, cfg.backend)
+    if why:
+        raise UserError(f"model {cfg.model}: {why}; not supported with backend {cfg.backend} here")
     tokenizer = load_tokenizer(model_dir)
     rows, _ = load_rows(cfg.train_data, cfg, tokenizer, rank)
     eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
