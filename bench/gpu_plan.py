@@ -1,6 +1,6 @@
 """GPU memory and step-time ESTIMATES for a config (no GPU needed): does a step fit, how long is it.
 
-    python bench/gpu_plan.py [--config configs/math1.5b-tepo.yaml] [--model 1.5b|7b|qwen3-0.6b]
+    python bench/gpu_plan.py [--config configs/math1.5b-tepo.yaml] [--model 1.5b|7b|qwen3-0.6b|qwen3-4b]
                              [--gpus 8] [--gpu h100|a100|4090|all] [--mfu 0.4] [--response-len N]
 
 Every figure printed is an estimate from the formulas below, not a measurement. Batch, lengths,
@@ -74,6 +74,8 @@ MODELS = {  # hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, ti
                V=152064, tied=False, bias=True),
     "qwen3-0.6b": dict(name="Qwen3-0.6B", h=1024, I=3072, L=28, heads=16, kv=8, hd=128,
                        V=151936, tied=True, bias=False),
+    "qwen3-4b": dict(name="Qwen3-4B-Base", h=2560, I=9728, L=36, heads=32, kv=8, hd=128,
+                     V=151936, tied=True, bias=False),
 }
 SHARED_CONFIG = os.path.join(ROOT, "..", "shared", "qwen2.5-math-tokenizer", "config.json")
 VLLM_OVERHEAD, CTX, ASLEEP = 1.5 * GiB, 1 * GiB, 1 * GiB

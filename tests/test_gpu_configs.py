@@ -105,3 +105,23 @@ def test_the_7b_config_is_the_1p5b_setting_with_the_7b_model():
     assert (big.model, big.out_dir, big.method) == ("Qwen/Qwen2.5-Math-7B", "runs/math7b-tepo", "tepo")
     assert {k: v for k, v in vars(big).items() if k not in ("model", "out_dir")} == \
         {k: v for k, v in vars(small).items() if k not in ("model", "out_dir")}
+
+
+def test_the_qwen3_config_fits_its_plan():
+    """configs/qwen3-4b.yaml: the shared setting on Qwen3-4B-Base, whose KV cache (144 KiB a token)
+    needs gpu_memory_utilization 0.6 to hold the step's responses at mean lengths, and fits 8 x 80 GB
+    in both phases (bench/gpu_plan.py's estimate)."""
+    import io
+    from contextlib import redirect_stdout
+    import train
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_plan
+    cfg = train.load_config(os.path.join(ROOT, "configs", "qwen3-4b.yaml"))
+    assert (cfg.model, cfg.method, cfg.prompt_template, cfg.prompts_per_step) == \
+        ("Qwen/Qwen3-4B-Base", "tepo", None, 128)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        gpu_plan.plan(cfg, gpu_plan.model_shapes("qwen3-4b"), "h100", 8, 0.4, 0.6,
+                      cfg.max_new_tokens // 2, 150)
+    text = out.getvalue()
+    assert "enough for mean lengths" in text and "DOES NOT FIT" not in text and "TOO SMALL" not in text

@@ -14,7 +14,8 @@ import train  # noqa: E402
 
 @pytest.mark.parametrize("key,published", [("1.5b", 1_543_714_304),   # Qwen2.5-Math-1.5B
                                             ("7b", 7_615_616_512),     # Qwen2.5-Math-7B
-                                            ("qwen3-0.6b", 596_049_920)])  # Qwen3-0.6B
+                                            ("qwen3-0.6b", 596_049_920),   # Qwen3-0.6B
+                                            ("qwen3-4b", 4_022_468_096)])  # Qwen3-4B-Base
 def test_parameter_counts_match_the_published_models(key, published):
     assert gpu_plan.params(gpu_plan.MODELS[key])[2] == published
 
