@@ -23,7 +23,6 @@ over ranks computes its prompt once per part). The rules: "sampled"
 their tokens, largest first to the least-loaded rank), "dealt" (packing.deal, today's).
 """
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -35,23 +34,11 @@ sys.path.insert(0, ROOT)
 
 import packing  # noqa: E402
 import tepo  # noqa: E402
+from bench_update import draw_lengths  # noqa: E402  (its response lengths)
 from train import Sequence  # noqa: E402
 
 BUDGET = 32768
 DEAL_METHODS = ("tepo", "gspo", "drgrpo", "clipcov", "klcov", "dapo", "grpo")
-
-
-def draw_lengths(spec, n, rng):
-    """n response lengths from `lognormal:MEAN:SD:CAP` or `uniform:CAP` (bench_update.py's)."""
-    kind, *nums = spec.split(":")
-    if kind == "lognormal" and len(nums) == 3:
-        mean, sd, cap = float(nums[0]), float(nums[1]), int(nums[2])
-        sigma2 = math.log(1 + (sd / mean) ** 2)
-        x = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
-        return np.clip(np.rint(x), 1, cap).astype(int).tolist()
-    if kind == "uniform" and len(nums) == 1:
-        return rng.integers(1, int(nums[0]) + 1, n).tolist()
-    raise SystemExit(f"--lengths: expected lognormal:MEAN:SD:CAP or uniform:CAP, got {spec!r}")
 
 
 def sample_step(args, lcfg, equal, rng):
