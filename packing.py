@@ -6,10 +6,13 @@ group: sequences of one gid share a prompt), `prompt` and `resp` (token ids), `a
 the per-token (R,) values old_logp, old_entropy, ref_logp, rollout_logp, cov_sel.
   micro_batches      sequences -> micro-batches of about `micro_batch_tokens` positions
   collate            a micro-batch -> the tensors of tepo.response_logprobs (one packed row)
-  balance_ranks      each mini-batch's sequences dealt over the ranks by tokens (deal: the rule)
+  balance_ranks      each mini-batch's sequences dealt over the ranks, so that every phase of
+                     the step (the update, the old and reference passes) costs each rank about
+                     the same (deal: the rule)
   lockstep_forwards  the forwards of a rank's micro-batches, as many calls on every rank
-  segment_attention  attention over a packed row, one segment at a time (use_segment_attention)
-Not here: what a sequence's loss is (tepo.py), and which sequences a phase forwards (train.py).
+  packed_attention   attention over a packed row (PackedRow), one SDPA call per sequence or one
+                     FlexAttention call per layer (use_packed_attention)
+Not here: what a sequence's loss is (tepo.py), nor when each phase runs (train.py).
 """
 import functools
 import heapq
