@@ -666,16 +666,16 @@ def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel
 # ----------------------------------------------------------------------------- optional graders
 def _math_verify_grader():
     """math-verify (the grader behind TRL's and open-r1's math rewards), for reproducing numbers of
-    papers that used it. Imported only when chosen: it is not a dependency of this project (it pulls
-    in antlr4 and latex2sympy2). Its extraction is TRL's accuracy_reward's (boxed first, no match
-    without an anchor); its parse and verify timeouts use signal.alarm, which works only in the
-    main thread, so they are turned off elsewhere (then nothing bounds its time: sympy.simplify)."""
+    papers that used it. Imported only when chosen (it pulls in antlr4 and latex2sympy2: a second
+    of start-up). Its extraction is TRL's accuracy_reward's (boxed first, no match without an
+    anchor); its parse and verify timeouts use signal.alarm, which works only in the main thread,
+    so they are turned off elsewhere (then nothing bounds its time: sympy.simplify)."""
     try:
         from math_verify import LatexExtractionConfig, parse as mv_parse, verify as mv_verify
         from latex2sympy2_extended import NormalizationConfig
     except ImportError as e:
-        raise ImportError("reward: the math_verify grader needs `pip install math-verify`, "
-                          "which is not a dependency of this project") from e
+        raise ImportError("reward: the math_verify grader needs math-verify: "
+                          "`pip install -r requirements.txt`") from e
     answer_config = [LatexExtractionConfig(
         normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
                                                  boxed="all", units=True),

@@ -525,19 +525,14 @@ def test_math_reward():
 
 
 def test_make_grader():
-    """The config's `reward:` names a grader; math-verify is optional and imported only when chosen."""
-    import importlib.util
+    """The config's `reward:` names a grader; math-verify is imported only when chosen."""
     rule = reward.make_grader("rule")
     assert rule("Thus $\\boxed{\\frac12}$.", "0.5") == 1.0 and rule("I do not know", "1", no_answer_penalty=1) == -1.0
     assert rule.verify("2:5", "AB:CD = 2:5") is True
     with pytest.raises(ValueError, match="math_verify"):
         reward.make_grader("sympy")
-    if importlib.util.find_spec("math_verify") is None:
-        with pytest.raises(ImportError, match="pip install math-verify"):
-            reward.make_grader("math_verify")
-    else:
-        mv = reward.make_grader("math_verify")
-        assert mv("Thus $\\boxed{\\frac12}$.", "0.5") == 1.0 and mv("Thus $\\boxed{3}$.", "0.5") == 0.0
+    mv = reward.make_grader("math_verify")  # TRL's extraction, which does not read `\\frac12`
+    assert mv("Thus $\\boxed{\\frac{1}{2}}$.", "0.5") == 1.0 and mv("Thus $\\boxed{3}$.", "0.5") == 0.0
 
 
 def test_verify_in_threads():
