@@ -17,7 +17,7 @@ Each is judged against r as a pair (verify(r, text)) and as a response (math_rew
 "yes" is a false positive. Printed: the pairs checked and, per grader and template, the false
 positives, listing those of --grader that --base (the rules) rejected.
 
-    python bench/prose_pairs.py [--data DIR] [--grader math_verify] [--base rule] [--limit N]
+    python bench/prose_pairs.py [--data DIR] [--grader rule+math_verify] [--base rule] [--limit N]
 """
 import argparse
 import collections
@@ -90,7 +90,7 @@ def prose_pairs(data_dir, limit=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.environ.get("TEPO_DATA_DIR", os.path.join(ROOT, "..", "shared", "data")))
-    ap.add_argument("--grader", default="math_verify", help="the grader checked (a name of reward.GRADERS)")
+    ap.add_argument("--grader", default=reward.DEFAULT_GRADER, help="the grader checked (a name of reward.GRADERS)")
     ap.add_argument("--base", default="rule", help="the grader its false positives are set against")
     ap.add_argument("--limit", type=int, help="only the first N golds")
     ap.add_argument("--show", type=int, default=50, help="false positives listed at most")
