@@ -232,9 +232,10 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-template", help="'{problem}' template overriding the checkpoint's; "
                                               "'default' for the chat template (or plain)")
     ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS)
-    ap.add_argument("--grader", default=reward.DEFAULT_GRADER, choices=sorted(reward.GRADERS),
+    ap.add_argument("--grader", default=reward.DEFAULT_GRADER,
                     help="rule+math_verify (the default: reward.py's rules, then math-verify where they "
-                         "say no), rule or math_verify alone (to reproduce numbers made with one)")
+                         "say no), rule or math_verify alone (to reproduce numbers made with one), or "
+                         "package.module:function (a reward of one's own, math_reward's signature)")
     ap.add_argument("--reward-timeout", type=float, default=10.0,
                     help="seconds one grading call may take; over it, or raising, the sample is wrong "
                          "and counted (results: grader_failures)")
@@ -246,6 +247,11 @@ def parse_args(argv=None):
     if args.table:
         args.out = args.out or "table.md"
         return args
+    if args.grader not in reward.GRADERS:
+        try:
+            reward.make_grader(args.grader)  # a function of one's own: imported, its signature checked
+        except ValueError as e:
+            ap.error(str(e))
     if not args.ckpt:
         ap.error("--ckpt is required (or --table RESULTS ...)")
     preset = PRESETS.get(args.preset, {})
@@ -332,7 +338,7 @@ def samples_and_ks(args, size):
 def make_judge(name):
     """(text, gold) -> (extracted answer or None, correct) by the grader `name`: reward.grade (the
     default: the rules, then math-verify's second opinion; or, for "rule", the rules alone), or
-    another grader's verdict (math-verify's) beside reward.py's extracted
+    another grader's verdict (math-verify's, a function of one's own) beside reward.py's extracted
     answer (shown, and voted on by maj@k). Its `.same` is what maj@k groups answers by: the default's
     judgement, else the rules' (as before the second opinion, so that old numbers reproduce)."""
     if name in ("rule", reward.DEFAULT_GRADER):

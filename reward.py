@@ -978,11 +978,41 @@ DEFAULT_GRADER = "rule+math_verify"
 
 
 def make_grader(name=DEFAULT_GRADER):
-    """The reward function named `name` (a key of GRADERS), with math_reward's signature
-    `(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=...) -> float`, and its
-    `(gold, pred) -> bool` judgement as the attribute `.verify` (for eval.py and the benchmarks):
-    "rule+math_verify" (the default: verify), "rule" (the rules alone: rule_verify), "math_verify"
-    (math-verify alone, for comparison with papers that used it; imported on this call)."""
-    if name not in GRADERS:
-        raise ValueError(f"reward: unknown grader {name!r}; choose one of {sorted(GRADERS)}")
-    return GRADERS[name]()
+    """The reward function named `name`, with math_reward's signature `(response, gold, *,
+    format_reward=0.0, no_answer_penalty=0.0, rel_tol=...) -> float`, and its `(gold, pred) -> bool`
+    judgement as the attribute `.verify` (for eval.py and the benchmarks; a function of one's own
+    has none). `name` is a key of GRADERS: "rule+math_verify" (the default: verify), "rule" (the
+    rules alone: rule_verify), "math_verify" (math-verify alone, for comparison with papers that
+    used it); or `package.module:function`, any function with math_reward's signature, imported
+    here. ValueError, naming the problem, when it cannot be had."""
+    if name in GRADERS:
+        return GRADERS[name]()
+    if ":" not in name:
+        raise ValueError(f"reward: unknown grader {name!r}; choose one of {sorted(GRADERS)}, or name a "
+                         f"function of your own as package.module:function")
+    return custom_reward(name)
+
+
+def custom_reward(spec):
+    """The function `package.module:function` names, checked to take math_reward's arguments as the
+    trainer passes them: (response, gold, format_reward=..., no_answer_penalty=...)."""
+    import importlib
+    import inspect
+    module, _, attr = spec.partition(":")
+    try:
+        found = importlib.import_module(module)
+    except Exception as e:  # not found, or it fails on import (a SyntaxError, its own imports)
+        raise ValueError(f"reward: cannot import {module!r} for the reward {spec!r}: "
+                         f"{type(e).__name__}: {e}") from None
+    try:
+        fn = functools.reduce(getattr, attr.split("."), found)
+    except AttributeError:
+        raise ValueError(f"reward: module {module!r} has no {attr!r} (the reward {spec!r})") from None
+    if not callable(fn):
+        raise ValueError(f"reward: {spec!r} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind("response", "gold", format_reward=0.0, no_answer_penalty=0.0)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"reward: {spec!r} must take math_reward's arguments (response, gold, *, "
+                         f"format_reward=0.0, no_answer_penalty=0.0): {e}") from None
+    return fn
