@@ -216,7 +216,7 @@ def round2(verify, show=True):
     """Agreement per class on the batches of the second and third rounds (tests/grader_cases.py),
     each apart."""
     import grader_cases
-    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2"):
+    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2", "SECOND_OPINION_BATCH2"):
         if not hasattr(grader_cases, batch):
             continue
         total = agree = 0
