@@ -859,7 +859,11 @@ def _ask_math_verify(gold, pred, timeout):
         worker = _SECOND.worker = _start_worker()
     if not worker["ready"]:
         start = SECOND_OPINION_START
-        if _read_line(worker, time.monotonic() + start, start) != "ready":
+        try:
+            ready = _read_line(worker, time.monotonic() + start, start) == "ready"
+        except SecondOpinionFailed as e:
+            raise SecondOpinionFailed(e.kind, f"its worker, still importing math-verify: {e}") from None
+        if not ready:
             raise SecondOpinionFailed("errors", "its process did not start")
         worker["ready"] = True
     deadline = time.monotonic() + timeout

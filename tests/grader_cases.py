@@ -633,7 +633,7 @@ ROUND3_MISSES = [
     ("1200000", "The city has 1.2 million inhabitants."),  # a scale word
 ]
 
-# ----------------------------------------------------------------------------- the second opinion (issue 40)
+# ----------------------------------------------------------------------------- the second opinion
 # The rules, then math-verify where they could not read an answer (reward.verify). Its first batch was
 # bench/prose_pairs.py's 112,189 wrong answers, run before the rules' veto (609 accepted that the rules
 # rejected; none after it). This second batch was written after the veto and the gate, and scored

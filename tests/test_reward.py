@@ -547,7 +547,7 @@ SECOND_OPINION_NO = [("4", "\\gcd(12, 9)"), ("12", "\\operatorname{lcm}(4, 5)")]
 # Wrong answers the rules reject and math-verify alone accepts: the rules keep their "no". An equation
 # read by its right side; prose out of which it picks a number (wrong answers made from benchmark
 # golds by bench/prose_pairs.py, which it accepted before the veto); a tuple for a set, a list for
-# one without its duplicate, a ratio for a fraction, digits apart for their product, a letter's case.
+# one with an item twice, a ratio for a fraction, digits apart for their product, a letter's case.
 SECOND_OPINION_VETOED = [
     ("6", "2x=6"), ("7", "a+b=7"), ("4", "x^2 = 4"), ("2p + q", "5 = 2p + q"), ("f(2) = 5", "f(3) = 5"),
     ("240\\text{ ways.}", "So $240\\text{ ways.} + 7 = 247\\text{ ways.}$."),
