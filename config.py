@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+import reward
 import tepo
 
 
@@ -45,7 +46,7 @@ class Config:
     weight_decay: float = 0.0            # AdamW weight decay
     betas: tuple = (0.9, 0.999)          # AdamW betas
     grad_clip: float = 1.0               # max global gradient norm
-    reward: str = "rule"                 # grader: rule (reward.py) | math_verify (pip install math-verify)
+    reward: str = "rule+math_verify"     # grader: rule+math_verify | rule | math_verify | package.module:function
     format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py), < 1
     no_answer_penalty: float = 0.0       # minus this for a response with no final answer
     wrong_reward: float | None = None    # added to a wrong answer's reward; null: -1 for dapo (its +1/-1 scale), else 0
@@ -87,7 +88,12 @@ class Config:
         for name in ("model", "train_data"):
             if not getattr(self, name):
                 raise UserError(f"config: `{name}` is required")
-        for name, allowed in (("reward", ("rule", "math_verify")), ("backend", ("vllm", "hf")),
+        if self.reward not in reward.GRADERS:  # package.module:function: imported now, its signature checked
+            try:
+                reward.make_grader(self.reward)
+            except ValueError as e:
+                raise UserError(f"config: {e}") from None
+        for name, allowed in (("backend", ("vllm", "hf")),
                               ("train_dtype", ("auto", "float32", "bfloat16")),
                               ("dtype", ("auto", "float32", "bfloat16", "float16")),
                               ("lr_schedule", ("constant", "cosine")),

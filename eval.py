@@ -139,13 +139,14 @@ def maj_at_k(answers, correct, k, same=reward.verify):
     return winner is not None and bool(correct[winner])
 
 
-def problem_metrics(samples, ks):
-    """Per-problem numbers from its graded samples (dicts with answer, correct, tokens, finish)."""
+def problem_metrics(samples, ks, same=reward.verify):
+    """Per-problem numbers from its graded samples (dicts with answer, correct, tokens, finish);
+    `same` groups the answers for maj@k (majority_vote)."""
     n, c = len(samples), sum(s["correct"] for s in samples)
     answers, correct = [s["answer"] for s in samples], [s["correct"] for s in samples]
     out = {"accuracy": c / n}
     out.update({f"pass@{k}": pass_at_k(n, c, k) for k in ks})
-    out.update({f"maj@{k}": float(maj_at_k(answers, correct, k)) for k in ks})
+    out.update({f"maj@{k}": float(maj_at_k(answers, correct, k, same)) for k in ks})
     return out
 
 
@@ -232,9 +233,10 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-template", help="'{problem}' template overriding the checkpoint's; "
                                               "'default' for the chat template (or plain)")
     ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS)
-    ap.add_argument("--grader", default="rule", choices=sorted(reward.GRADERS),
-                    help="rule (reward.py) or math_verify (needs `pip install math-verify`), to "
-                         "reproduce papers that graded with it")
+    ap.add_argument("--grader", default=reward.DEFAULT_GRADER,
+                    help="rule+math_verify (the default: reward.py's rules, then math-verify where they "
+                         "say no), rule or math_verify alone (to reproduce numbers made with one), or "
+                         "package.module:function (a reward of one's own, math_reward's signature)")
     ap.add_argument("--reward-timeout", type=float, default=10.0,
                     help="seconds one grading call may take; over it, or raising, the sample is wrong "
                          "and counted (results: grader_failures)")
@@ -246,6 +248,11 @@ def parse_args(argv=None):
     if args.table:
         args.out = args.out or "table.md"
         return args
+    if args.grader not in reward.GRADERS:
+        try:
+            reward.make_grader(args.grader)  # a function of one's own: imported, its signature checked
+        except ValueError as e:
+            ap.error(str(e))
     if not args.ckpt:
         ap.error("--ckpt is required (or --table RESULTS ...)")
     preset = PRESETS.get(args.preset, {})
@@ -330,12 +337,25 @@ def samples_and_ks(args, size):
 
 
 def make_judge(name):
-    """(text, gold) -> (extracted answer or None, correct) by the grader `name`: reward.grade, or
-    math-verify's verdict beside reward.py's extracted answer (shown, and voted on by maj@k)."""
-    if name == "rule":
-        return reward.grade
-    grader = reward.make_grader(name)
-    return lambda text, gold: (reward.grade(text, gold)[0], grader(text, gold) >= 1.0)
+    """(text, gold) -> (extracted answer or None, correct) by the grader `name`: reward.grade (the
+    default: the rules, then math-verify's second opinion; or, for "rule", the rules alone), or
+    another grader's verdict (math-verify's, a function of one's own) beside reward.py's extracted
+    answer (shown, and voted on by maj@k). Its `.same` is what maj@k groups answers by: the default's
+    judgement, else the rules' (as before the second opinion, so that old numbers reproduce)."""
+    if name in ("rule", reward.DEFAULT_GRADER):
+        second = name != "rule"
+        if second:
+            reward.start_second_opinion()
+
+        def judge(text, gold):
+            return reward.grade(text, gold, second_opinion=second)
+    else:
+        grader = reward.make_grader(name)
+
+        def judge(text, gold):
+            return reward.grade(text, gold, second_opinion=False)[0], grader(text, gold) >= 1.0
+    judge.same = reward.verify if name == reward.DEFAULT_GRADER else reward.rule_verify
+    return judge
 
 
 def my_problems(n_problems, rank, world):
@@ -382,7 +402,8 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
                                 "finish_reason": s.finish_reason if s else "prompt_too_long",
                                 **({"grader_failed": True} if s and judged is None else {})})
             records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
-                            "samples": samples, "metrics": problem_metrics(samples, ks)})
+                            "samples": samples,
+                            "metrics": problem_metrics(samples, ks, getattr(judge, "same", reward.verify))})
         if bar is not None:
             bar.update(len(idx))
     if "first" in failed:

@@ -2,6 +2,7 @@
 
     extract_answer(text)        -> the final answer of a response or reference solution, or None
     verify(gold, pred)          -> True when the two denote the same mathematical answer
+    rule_verify(gold, pred)     -> the same by the rules alone, without math-verify's second opinion
     math_reward(response, gold) -> 1.0 / 0.0 (configurable) for RL
 
 How `verify` decides, cheapest first (most pairs never get past step 2):
@@ -62,6 +63,17 @@ Two false positives of the old rules closed: a text with two words of prose (or 
 product of symbols (`0 is not the answer` parsed as 0 * i * s * ...), and a sentence's last number
 is not its value when its clause rules it out ("Il reste 4 pommes, pas 5.").
 
+The second opinion (verify; the default grader, "rule+math_verify"; "rule" is rule_verify): where
+the rules find two final answers different because they could not read one of them (a function or
+a notation mathexpr does not parse: `\\gcd(12, 8)`, `\\operatorname{lcm}(4, 6)`), math-verify is
+asked about the two final answers the rules extracted, and its "yes" counts. Not where the rules read
+both (math-verify would only read the same values, or by other conventions); nor, the rules'
+veto, where either is an equation or prose, which math-verify misreads (it takes `2x = 6` for 6 and
+picks numbers out of sentences). It runs in a worker process of the calling thread, bounded by
+SECOND_OPINION_TIMEOUT of wall clock in any thread (a worker over it is killed and replaced), after
+at most SECOND_OPINION_START for a new worker's import; a timeout or an error is "no", and
+guarded() counts it as a failed grading call.
+
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
 "undecided", i.e. not equal); and the slow path runs under a deadline implemented with
@@ -83,8 +95,8 @@ from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_ba
 # the answer-string normalisation (cleaning and structure) lives in mathexpr.py beside the parser
 from mathexpr import _SIMPLE_LHS, _clean, _key, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
-from mathexpr import (_ANSWER_WORDS, _PROSE, _answer_is, _from_prose, _hashes, _last_boxed, _last_math,
-                      _prepare)
+from mathexpr import (_ANSWER_WORDS, _PROSE, _PROSE_ASCII, _answer_is, _from_prose, _hashes, _last_boxed,
+                      _last_math, _prepare)
 
 _parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
 
@@ -438,18 +450,24 @@ def guarded(timeout, call, text, failed):
     train.py's rewards and held-out evaluation and eval.py put around every grading call: a grader
     bug or a pathological response costs one wrong answer, not the run.
     The timeout is a SIGALRM timer (two setitimer calls per response; main thread only), which
-    also interrupts a grader stuck in a sleep or a pure-Python loop."""
+    also interrupts a grader stuck in a sleep or a pure-Python loop. A second opinion that timed
+    out or failed inside the call (math-verify's: see _second_opinion) fails the call the same way,
+    though verify itself returned the rules' "no"."""
     timer = threading.current_thread() is threading.main_thread()
+    _SECOND.failure = None
     try:
         try:
             if timer:
                 if signal.getsignal(signal.SIGALRM) is not _reward_alarm:
                     signal.signal(signal.SIGALRM, _reward_alarm)
                 signal.setitimer(signal.ITIMER_REAL, timeout)
-            return call()
+            out = call()
         finally:
             if timer:
                 signal.setitimer(signal.ITIMER_REAL, 0)
+        if _SECOND.failure is None:
+            return out
+        kind, what = _SECOND.failure
     except RewardTimeout:
         kind, what = "timeouts", f"took over reward_timeout={timeout}s"
     except Exception as e:
@@ -617,14 +635,27 @@ def _squeeze(s, digits=True):
     return "".join((re.sub(r"(?<=\d)[\s$]+(?=\d)", "~", s) if digits else s).split()).replace("$", "")
 
 
+def rule_verify(gold, pred, *, rel_tol=1e-4):
+    """The rules alone (this module's grader without the second opinion): `verify` as it was before
+    math-verify was asked, kept for reproducing numbers made with it (`reward: rule`)."""
+    return _judge(gold, pred, rel_tol, second_opinion=False)
+
+
 def verify(gold, pred, *, rel_tol=1e-4):
     """True when `pred` (the model's) denotes the same mathematical answer as `gold` (reference).
 
     Either may be a bare answer (`\\frac{1}{2}`, `0.5`, `x = 3`) or a whole solution text, whose
     final answer is extracted first (see extract_answer). `rel_tol` is the relative tolerance used
     when either side is written as a decimal (`0.3333` vs `\\frac{1}{3}`); exact forms must agree
-    exactly. Never raises on str input and returns within about TIME_BUDGET seconds.
+    exactly. The rules decide first; where they find the answers different, math-verify gives a
+    second opinion on the two final answers the rules extracted (see _second_opinion). Never raises
+    on str input and returns within about TIME_BUDGET + SECOND_OPINION_TIMEOUT seconds (plus up to
+    SECOND_OPINION_START for the import of a thread's first worker).
     """
+    return _judge(gold, pred, rel_tol, second_opinion=True)
+
+
+def _judge(gold, pred, rel_tol, second_opinion):
     for name, x in (("gold", gold), ("pred", pred)):
         if not isinstance(x, (str, int, float)) or isinstance(x, bool):
             raise TypeError(f"verify: {name} must be a str, got {type(x).__name__}")
@@ -633,17 +664,21 @@ def verify(gold, pred, *, rel_tol=1e-4):
         short = max(len(gold), len(pred)) < MAX_ANSWER
         if short and _squeeze(gold, False) == _squeeze(pred, False) and _squeeze(gold) == _squeeze(pred):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
-        return bool(_equal(_final_answer(gold), _final_answer(pred), rel_tol))
+        g, p = _final_answer(gold), _final_answer(pred)
+        if _equal(g, p, rel_tol):
+            return True
     except (Exception, _Timeout):
         return False
+    return second_opinion and _second_opinion(g, p)
 
 
-def grade(response, gold, *, rel_tol=1e-4):
+def grade(response, gold, *, rel_tol=1e-4, second_opinion=True):
     """(the final answer extracted from `response`, or None; whether it verifies against `gold`).
 
     The one grading of the project: train.py's reward (math_reward), eval.py's accuracy and
     demo.py's calibration all read it. A response with no boxed / "answer is" / `####` / `$...$`
-    answer is wrong even if it is a bare number: RL teaches the format.
+    answer is wrong even if it is a bare number: RL teaches the format. `second_opinion=False`
+    judges by the rules alone (rule_verify).
     """
     if not isinstance(response, str):
         raise TypeError(f"reward: response must be a str, got {type(response).__name__}")
@@ -651,31 +686,238 @@ def grade(response, gold, *, rel_tol=1e-4):
         ans = extract_answer(response)
     except Exception:
         ans = None
-    return ans, ans is not None and verify(gold, ans, rel_tol=rel_tol)
+    return ans, ans is not None and _judge(gold, ans, rel_tol, second_opinion)
 
 
 def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
     """The RL reward of one response: 1.0 if `grade` finds it correct; else `format_reward`
     (default 0.0) if it has a final answer; else -`no_answer_penalty` (default 0.0)."""
-    ans, correct = grade(response, gold, rel_tol=rel_tol)
+    return _shaped(grade(response, gold, rel_tol=rel_tol), format_reward, no_answer_penalty)
+
+
+def _shaped(graded, format_reward, no_answer_penalty):
+    ans, correct = graded
     if ans is None:
         return -float(no_answer_penalty)
     return 1.0 if correct else float(format_reward)
 
 
+# ----------------------------------------------------------------------------- the second opinion
+# math-verify (sympy behind a LaTeX parser) and these rules make different mistakes: where the rules
+# find two final answers different, math-verify is asked too, and its "yes" counts. It runs in a
+# worker process of the calling thread, because nothing in-process bounds it: its own timeouts use
+# signal.alarm (main thread only, and they would cancel guarded()'s timer), and a sys.setprofile
+# deadline cannot stop one long C call (sympy's evalf of 9^{9^{9^{9}}} against 9^{9^{9}} was still
+# in mpmath's integer power after 10 s, where faulthandler found it). A worker that runs over its
+# time is killed and replaced.
+SECOND_OPINION_TIMEOUT = 2.0  # seconds (wall clock) one math-verify verdict may take; over: "no", counted
+SECOND_OPINION_START = 5.0    # ... and before it, a new worker's import of math-verify (~1 s; a loaded machine's more)
+SECOND_OPINION_MAX = 1_000    # characters of a final answer shown to math-verify (longer: not asked)
+_SECOND = threading.local()   # per thread: its worker, and the failure of its last verdict (guarded reads it)
+
+
+class SecondOpinionFailed(Exception):
+    """math-verify's verdict could not be had: `kind` is "timeouts" or "errors" (guarded's counts)."""
+
+    def __init__(self, kind, what):
+        super().__init__(what)
+        self.kind = kind
+
+
+def _second_opinion(g, p):
+    """math-verify's verdict on the final answers g and p (the rules said no), where it can change
+    the verdict (_worth_asking); a timeout or error is "no", noted for guarded() to count."""
+    if not _worth_asking(g, p):
+        return False
+    try:
+        return _ask_math_verify(_delimited(g), _delimited(p), SECOND_OPINION_TIMEOUT)
+    except SecondOpinionFailed as e:
+        _SECOND.failure = (e.kind, f"math-verify: {e}")
+        return False
+
+
+def _worth_asking(g, p):
+    """Can math-verify's "yes" be right where the rules said no? Only where the rules could not read
+    one of the two answers (_readable): where they read both as values (numbers, expressions,
+    ratios, and tuples, lists, sets, intervals and matrices of them) and found them apart,
+    math-verify would only read the same values, or read them by other conventions (a tuple for a
+    set, `1 2 3` for 6, `3:4` for 3/4, `b` for `B`). Nor, the rules' veto, where either answer is
+    an equation or prose (the rules found no value in it): math-verify reads an equation by its
+    right side whatever its left (`5 = 2p + q` against 2p + q, `34 + 5 = 39` against 34 when the
+    rules cannot read the units), and picks a number out of prose ("答案不是 96，而是100。"
+    against 96). The cases asked and skipped are measured by bench/bench_reward.py, the veto by
+    bench/prose_pairs.py."""
+    if not g or not p or len(g) > SECOND_OPINION_MAX or len(p) > SECOND_OPINION_MAX:
+        return False
+    if _split_eq(g)[0] is not None or _split_eq(p)[0] is not None or _WORDS.search(g) or _WORDS.search(p):
+        return False  # the rules' veto: an equation or prose (see above)
+    if _HUGE.search(g) or _HUGE.search(p):
+        return False  # sympy would compute the huge number (in one C call: only a kill stops it)
+    try:
+        return not (_readable(_structure(_clean(g)[0])) and _readable(_structure(_clean(p)[0])))
+    except (Exception, _Timeout):
+        return True
+
+
+# prose: two words of Latin letters, or a word of another script (a lone π is no prose)
+_WORDS = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]{2,}")
+# a number sympy would compute to no end: a power in an exponent (9^{9^{9}}), a factorial of 3+
+# digits, an exponent of 5+ digits
+_HUGE = re.compile(r"\^\s*\{[^{}]*\^|\d{3,}\s*!|\^\s*\{?\s*\d{5,}")
+
+
+def _readable(x):
+    """Did the rules read structure x whole: is every scalar in it (each part of a ratio) an
+    expression that mathexpr parses, or digits apart (`1 2 3`: no number, by a convention of the
+    rules)?"""
+    if x[0] == "expr":
+        return all(_parses(q) or re.fullmatch(r"[\d\s.,]*\d\s+\d[\d\s.,]*", q) for q in _split_top(x[1], ":"))
+    if x[0] == "mat":
+        return all(_readable(item) for row in x[1] for item in row)
+    items = x[2] if x[0] == "seq" else x[1] if x[0] in ("list", "set", "union") else None
+    return items is not None and all(_readable(item) for item in items)
+
+
+def _parses(s):
+    """Does mathexpr parse s? (Its value may be beyond computing, 9^{9^{9}}: beyond sympy's too.)"""
+    return bool(s.strip()) and parse(s) is not None
+
+
+def _delimited(s):
+    """A bare answer in $...$, as math-verify reads LaTeX only between delimiters."""
+    s = str(s)
+    bare = not any(m in s for m in ("$", "\\boxed", "\\(", "\\[")) and not _PROSE.search(s)
+    return f"${s}$" if bare else s
+
+
+def _math_verify_worker():
+    """The worker process: reads one JSON [gold, pred] per line from stdin, answers "1" (equal), "0"
+    or "E <error>" per line; "ready" first, once math-verify is imported. Its own timeouts are off
+    (the parent bounds the call) and so is its logging (the parent counts the failures)."""
+    import json
+    import logging
+    logging.disable(logging.CRITICAL)
+    from math_verify import parse as mv_parse, verify as mv_verify
+    print("ready", flush=True)
+    for line in sys.stdin:
+        try:
+            gold, pred = json.loads(line)
+            g, p = mv_parse(gold, parsing_timeout=None), mv_parse(pred, parsing_timeout=None)
+            out = "1" if g and p and mv_verify(g, p, timeout_seconds=None) else "0"
+        except Exception as e:
+            out = "E " + " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        print(out, flush=True)
+
+
+def _start_worker():
+    """A new math-verify worker process (it dies with the thread that started it, on Linux)."""
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {here!r}); import reward; reward._die_with_parent(); "
+            f"reward._math_verify_worker()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, bufsize=0)
+    return {"proc": proc, "buf": b"", "ready": False}
+
+
+def _die_with_parent():
+    """Linux: the worker gets SIGKILL when the thread that started it ends (prctl PR_SET_PDEATHSIG),
+    so a worker stuck in a long computation never outlives its grader."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _read_line(worker, deadline, seconds):
+    """The worker's next output line, or SecondOpinionFailed at `deadline` (time.monotonic), the
+    end of the `seconds` it was given."""
+    import select
+    out = worker["proc"].stdout
+    while b"\n" not in worker["buf"]:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([out], [], [], left)[0]:
+            raise SecondOpinionFailed("timeouts", f"no verdict within {seconds}s")
+        chunk = os.read(out.fileno(), 1 << 16)
+        if not chunk:
+            raise SecondOpinionFailed("errors", f"its process exited (code {worker['proc'].wait()})")
+        worker["buf"] += chunk
+    line, _, worker["buf"] = worker["buf"].partition(b"\n")
+    return line.decode("utf-8", "replace")
+
+
+def _ask_math_verify(gold, pred, timeout):
+    """math-verify's verdict (parse both, verify) from this thread's worker within `timeout` seconds
+    of wall clock, or SecondOpinionFailed. A worker still importing math-verify (a thread's first
+    verdict, or the one after a kill) is waited for first, up to SECOND_OPINION_START seconds, and
+    not killed when it takes longer; a verdict that does not come in time kills the worker, and a
+    new one starts at once (it imports while the next responses are graded)."""
+    import json
+    worker = getattr(_SECOND, "worker", None)
+    if worker is None or worker["proc"].poll() is not None:
+        worker = _SECOND.worker = _start_worker()
+    if not worker["ready"]:
+        start = SECOND_OPINION_START
+        try:
+            ready = _read_line(worker, time.monotonic() + start, start) == "ready"
+        except SecondOpinionFailed as e:
+            raise SecondOpinionFailed(e.kind, f"its worker, still importing math-verify: {e}") from None
+        if not ready:
+            raise SecondOpinionFailed("errors", "its process did not start")
+        worker["ready"] = True
+    deadline = time.monotonic() + timeout
+    asked = False
+    try:
+        worker["proc"].stdin.write(json.dumps([gold, pred]).encode() + b"\n")
+        asked = True
+        line = _read_line(worker, deadline, timeout)
+        asked = False
+    except (BrokenPipeError, OSError) as e:
+        raise SecondOpinionFailed("errors", f"its process is gone ({e})") from None
+    finally:
+        if asked:  # no verdict in time (or the caller's own timeout hit): the worker may be stuck
+            worker["proc"].kill()
+            worker["proc"].wait()
+            _SECOND.worker = _start_worker()
+    if line.startswith("E "):
+        raise SecondOpinionFailed("errors", line[2:])
+    return line == "1"
+
+
+def start_second_opinion(timeout=120.0):
+    """Start this thread's math-verify worker and wait until it has imported math-verify, so that
+    the first verdict is not spent on the import (make_grader does this); ImportError if it cannot."""
+    import importlib.util
+    if importlib.util.find_spec("math_verify") is None:
+        raise ImportError("reward: the grader's second opinion needs math-verify: "
+                          "`pip install -r requirements.txt` (or `pip install math-verify`)")
+    worker = getattr(_SECOND, "worker", None)
+    if worker is None or worker["proc"].poll() is not None:
+        worker = _SECOND.worker = _start_worker()
+    if not worker["ready"]:
+        try:
+            ok = _read_line(worker, time.monotonic() + timeout, timeout) == "ready"
+        except SecondOpinionFailed:
+            ok = False
+        if not ok:
+            raise ImportError(f"reward: math-verify's worker process did not start within {timeout}s")
+        worker["ready"] = True
+
+
 # ----------------------------------------------------------------------------- optional graders
 def _math_verify_grader():
     """math-verify (the grader behind TRL's and open-r1's math rewards), for reproducing numbers of
-    papers that used it. Imported only when chosen: it is not a dependency of this project (it pulls
-    in antlr4 and latex2sympy2). Its extraction is TRL's accuracy_reward's (boxed first, no match
-    without an anchor); its parse and verify timeouts use signal.alarm, which works only in the
-    main thread, so they are turned off elsewhere (then nothing bounds its time: sympy.simplify)."""
+    papers that used it. Imported only when chosen (it pulls in antlr4 and latex2sympy2: a second
+    of start-up). Its extraction is TRL's accuracy_reward's (boxed first, no match without an
+    anchor); its parse and verify timeouts use signal.alarm, which works only in the main thread,
+    so they are turned off elsewhere (then nothing bounds its time: sympy.simplify)."""
     try:
         from math_verify import LatexExtractionConfig, parse as mv_parse, verify as mv_verify
         from latex2sympy2_extended import NormalizationConfig
     except ImportError as e:
-        raise ImportError("reward: the math_verify grader needs `pip install math-verify`, "
-                          "which is not a dependency of this project") from e
+        raise ImportError("reward: the math_verify grader needs math-verify: "
+                          "`pip install -r requirements.txt`") from e
     answer_config = [LatexExtractionConfig(
         normalization_config=NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
                                                  boxed="all", units=True),
@@ -718,20 +960,63 @@ def _math_verify_grader():
     return grade
 
 
-def _rule_grader():
+def _combined_grader():
+    """The default: the rules, then math-verify's second opinion where they said no (verify)."""
+    start_second_opinion()
     grade = functools.partial(math_reward)
     grade.verify = verify
     return grade
 
 
-GRADERS = {"rule": _rule_grader, "math_verify": _math_verify_grader}
+def _rule_grader():
+    """The rules alone (rule_verify): the default before math-verify's second opinion."""
+    def rule_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
+        return _shaped(grade(response, gold, rel_tol=rel_tol, second_opinion=False), format_reward,
+                       no_answer_penalty)
+    rule_reward.verify = rule_verify
+    return rule_reward
 
 
-def make_grader(name="rule"):
-    """The reward function named `name` (a key of GRADERS), with math_reward's signature
-    `(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=...) -> float`, and its
-    `(gold, pred) -> bool` judgement as the attribute `.verify` (for eval.py and the benchmarks).
-    "rule" is this module's grader; "math_verify" imports math-verify on this call, never before."""
-    if name not in GRADERS:
-        raise ValueError(f"reward: unknown grader {name!r}; choose one of {sorted(GRADERS)}")
-    return GRADERS[name]()
+GRADERS = {"rule+math_verify": _combined_grader, "rule": _rule_grader, "math_verify": _math_verify_grader}
+DEFAULT_GRADER = "rule+math_verify"
+
+
+def make_grader(name=DEFAULT_GRADER):
+    """The reward function named `name`, with math_reward's signature `(response, gold, *,
+    format_reward=0.0, no_answer_penalty=0.0, rel_tol=...) -> float`, and its `(gold, pred) -> bool`
+    judgement as the attribute `.verify` (for eval.py and the benchmarks; a function of one's own
+    has none). `name` is a key of GRADERS: "rule+math_verify" (the default: verify), "rule" (the
+    rules alone: rule_verify), "math_verify" (math-verify alone, for comparison with papers that
+    used it); or `package.module:function`, any function with math_reward's signature, imported
+    here. ValueError, naming the problem, when it cannot be had."""
+    if name in GRADERS:
+        return GRADERS[name]()
+    if ":" not in name:
+        raise ValueError(f"reward: unknown grader {name!r}; choose one of {sorted(GRADERS)}, or name a "
+                         f"function of your own as package.module:function")
+    return custom_reward(name)
+
+
+def custom_reward(spec):
+    """The function `package.module:function` names, checked to take math_reward's arguments as the
+    trainer passes them: (response, gold, format_reward=..., no_answer_penalty=...)."""
+    import importlib
+    import inspect
+    module, _, attr = spec.partition(":")
+    try:
+        found = importlib.import_module(module)
+    except Exception as e:  # not found, or it fails on import (a SyntaxError, its own imports)
+        raise ValueError(f"reward: cannot import {module!r} for the reward {spec!r}: "
+                         f"{type(e).__name__}: {e}") from None
+    try:
+        fn = functools.reduce(getattr, attr.split("."), found)
+    except AttributeError:
+        raise ValueError(f"reward: module {module!r} has no {attr!r} (the reward {spec!r})") from None
+    if not callable(fn):
+        raise ValueError(f"reward: {spec!r} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind("response", "gold", format_reward=0.0, no_answer_penalty=0.0)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"reward: {spec!r} must take math_reward's arguments (response, gold, *, "
+                         f"format_reward=0.0, no_answer_penalty=0.0): {e}") from None
+    return fn

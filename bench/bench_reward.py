@@ -12,13 +12,23 @@ agreement per class is printed (the speed sets measure speed; these measure judg
     python bench/bench_reward.py [--data ../shared/data] [--limit N] [--classes-only]
     (the class tables, then the batches of rounds 2 and 3 of tests/grader_cases.py, each apart)
     python bench/bench_reward.py --grader-dir OLD_CHECKOUT   # the same figures for another reward.py
-    python bench/bench_reward.py --grader math_verify         # needs math-verify installed
+    python bench/bench_reward.py --grader math_verify         # math-verify alone
+    python bench/bench_reward.py --demo [--steps 200] [--corrupt 0.05]   # the demo's grading per step
 
 --grader-dir imports reward.py / mathexpr.py from another directory (e.g. an old commit checked
 out with `git worktree add`), so that before/after figures come from the same script and cases.
 
+--demo times training's grading of the demo (configs/demo.yaml: 16 prompts x 8 samples a step) on
+demo.py's arithmetic word problems: per step, 16 problems of demo.generate_rows, 8 responses each in
+the pre-training solutions' form (column lines, then the boxed result; a slip of one in a column
+with demo.SLIP_PROB, carried to a wrong box), a tenth of them cut short before the box (a response
+over max_new_tokens), and with --corrupt a share with one character of the box replaced (a sampled
+slip of the pen); each graded as train.py grades (make_grader, inside reward.guarded). Printed: the
+median and mean seconds per step, and how often math-verify was asked.
+
 Caches are cleared before each set, so every distinct answer is parsed once, as in training where
-each gold is graded against a group of responses. Also printed: the accuracy on the realistic set
+each gold is graded against a group of responses. With the default grader, the number of pairs on
+which math-verify's second opinion was asked is printed per set. Also printed: the accuracy on the realistic set
 (a correct response must verify, a wrong one must not), which is a sanity check, not a quality score.
 """
 import argparse
@@ -128,6 +138,66 @@ def run(pairs, verify):
 CPU_RATE = CPU_P99 = CPU_MAX = None
 
 
+ASKED = [0]  # math-verify's second opinions asked (reward._ask_math_verify calls), when the grader has one
+
+
+def count_second_opinions():
+    """Count reward._ask_math_verify's calls in ASKED (a reward.py without a second opinion: nothing)."""
+    ask = getattr(reward, "_ask_math_verify", None)
+    if ask is None:
+        return
+
+    def counted(*a):
+        ASKED[0] += 1
+        return ask(*a)
+    reward._ask_math_verify = counted
+
+
+def demo_steps(steps, corrupt, seed=0):
+    """[[(response, gold)] * 128] per step: demo.py's problems and solution-form responses (see --demo)."""
+    import demo
+    rng, out = random.Random(seed), []
+    for step in range(steps):
+        rows = demo.generate_rows(16, 1000 + step)[0]
+        batch = []
+        for row in rows:
+            a, op, b = re.fullmatch(r"(\d+)([-+])(\d+)", row["solution"].split("\n")[0]).groups()
+            for _ in range(8):
+                slip = None
+                if rng.random() < demo.SLIP_PROB:
+                    slip = (rng.randrange(len(str(max(int(a), int(b))))), rng.choice((-1, 1)))
+                text = demo.worked_solution(int(a), op, int(b), slip)
+                if rng.random() < 0.1:  # cut short before the box
+                    text = text[:rng.randrange(1, text.index("\\boxed"))]
+                elif rng.random() < corrupt:  # one character of the box replaced
+                    i = text.index("{", text.index("\\boxed")) + 1 + rng.randrange(len(text) - text.index("\\boxed") - 8)
+                    text = text[:i] + rng.choice("0123456789+-=.,()x ") + text[i + 1:]
+                batch.append((text, row["answer"]))
+        out.append(batch)
+    return out
+
+
+def demo_grading(grader, steps, corrupt):
+    """Seconds of training's grading per demo step (make_grader's reward inside reward.guarded), in
+    wall clock and in this thread's CPU time."""
+    batches = demo_steps(steps, corrupt)
+    clear_caches()
+    per_step, cpu, failed, right = [], [], {"errors": 0, "timeouts": 0}, 0
+    for batch in batches:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for text, gold in batch:
+            right += (reward.guarded(10.0, lambda: grader(text, gold), text, failed) or 0.0) >= 1.0
+        per_step.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    n = sum(map(len, batches))
+    print(f"demo: {steps} steps x {len(batches[0])} responses (corrupt {corrupt}); right {right}/{n}; "
+          f"grading failures {failed['errors'] + failed['timeouts']}; math-verify asked {ASKED[0]} times")
+    print(f"  seconds per step: median {sorted(per_step)[len(per_step) // 2] * 1e3:.2f} ms, "
+          f"mean {sum(per_step) / len(per_step) * 1e3:.2f} ms, max {max(per_step) * 1e3:.2f} ms")
+    print(f"  in CPU time (comparable on a loaded machine): median {sorted(cpu)[len(cpu) // 2] * 1e3:.2f} ms, "
+          f"mean {sum(cpu) / len(cpu) * 1e3:.2f} ms")
+
+
 def class_tables(verify, show=True):
     """Agreement with the hand-written label on each class table of tests/grader_cases.py."""
     from grader_cases import CLASSES
@@ -146,7 +216,7 @@ def round2(verify, show=True):
     """Agreement per class on the batches of the second and third rounds (tests/grader_cases.py),
     each apart."""
     import grader_cases
-    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2"):
+    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2", "SECOND_OPINION_BATCH2"):
         if not hasattr(grader_cases, batch):
             continue
         total = agree = 0
@@ -182,7 +252,12 @@ def main():
     ap.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"))
     ap.add_argument("--limit", type=int, default=10_000, help="problems per file")
     ap.add_argument("--grader-dir", help="import reward.py from this directory instead")
-    ap.add_argument("--grader", default="rule", help="a name of reward.GRADERS (e.g. math_verify)")
+    ap.add_argument("--grader", default=getattr(reward, "DEFAULT_GRADER", "rule"),
+                    help="a name of reward.GRADERS (default: the default grader of the reward.py measured)")
+    ap.add_argument("--demo", action="store_true", help="only the demo's grading per step (see above)")
+    ap.add_argument("--steps", type=int, default=200, help="--demo: steps")
+    ap.add_argument("--corrupt", type=float, default=0.0, help="--demo: share of responses with a character "
+                                                               "of the box replaced")
     ap.add_argument("--classes-only", action="store_true", help="only the class tables")
     ap.add_argument("--verdicts", help="write each realistic pair's verdict here (JSONL), to compare "
                                        "two graders' verdicts pair by pair (--compare)")
@@ -193,7 +268,11 @@ def main():
         return compare_verdicts(*args.compare)
     print(f"reward.py: {os.path.abspath(reward.__file__)}   grader: {args.grader}")
     make = getattr(reward, "make_grader", None)
-    verify = reward.verify if args.grader == "rule" and make is None else make(args.grader).verify
+    grader = make(args.grader) if make is not None else None
+    verify = reward.verify if grader is None else grader.verify
+    count_second_opinions()
+    if args.demo:
+        return demo_grading(grader or reward.math_reward, args.steps, args.corrupt)
     class_tables(verify)
     round2(verify)
     if args.classes_only:
@@ -206,10 +285,12 @@ def main():
     pairs = realistic_pairs(args.data, args.limit)
     if not pairs:
         sys.exit(f"no benchmark files found in {args.data}")
+    ASKED[0] = 0
     results, rate, p50, p99, mx = run(pairs, verify)
     ok = sum(r == want for r, (_, _, want) in zip(results, pairs))
     n_true = sum(w for *_, w in pairs)
-    print(f"realistic: {len(pairs)} pairs ({n_true} correct, {len(pairs) - n_true} wrong responses)")
+    print(f"realistic: {len(pairs)} pairs ({n_true} correct, {len(pairs) - n_true} wrong responses); "
+          f"math-verify asked on {ASKED[0]}")
     print(f"  {rate:8.0f} verifications/s   p50 {p50:.3f} ms   p99 {p99:.3f} ms   max {mx:.1f} ms")
     print(f"  in CPU time: {CPU_RATE:8.0f} verifications/s   p99 {CPU_P99:.3f} ms   max {CPU_MAX:.1f} ms")
     print(f"  agreement with the intended label: {ok}/{len(pairs)}")
@@ -231,8 +312,9 @@ def main():
     golds = ["9^{9^{9}}", "\\frac{1}{2}", "x^2+1", "(1,2)", "10^{10^{10}}!", "2"]
     hostile = [(golds[k % len(golds)], s, False) for k, s in enumerate(_hostile_inputs(2000))]
     hostile += [(s, g, False) for g, s, _ in hostile]
+    ASKED[0] = 0
     _, rate, p50, p99, mx = run(hostile, verify)
-    print(f"hostile: {len(hostile)} calls (each input as pred and as gold)")
+    print(f"hostile: {len(hostile)} calls (each input as pred and as gold); math-verify asked on {ASKED[0]}")
     print(f"  {rate:8.0f} verifications/s   p50 {p50:.3f} ms   p99 {p99:.3f} ms   max {mx:.1f} ms")
     print(f"  in CPU time: {CPU_RATE:8.0f} verifications/s   p99 {CPU_P99:.3f} ms   max {CPU_MAX:.1f} ms")
 

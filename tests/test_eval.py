@@ -167,6 +167,19 @@ def test_cli_defaults_and_checkpoint_settings(fake_ckpt):
     assert a.out == os.path.join(ckpt, "eval", "results.json")
 
 
+def test_the_default_grader_is_the_rules_with_the_second_opinion(fake_ckpt):
+    """eval.py grades by the rules, then math-verify where they could not read an answer; `--grader
+    rule` is the rules alone (numbers made before), and maj@k groups answers by the same judgement."""
+    ckpt, data = fake_ckpt
+    assert ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500"]).grader == "rule+math_verify"
+    both, rules = ev.make_judge("rule+math_verify"), ev.make_judge("rule")
+    assert both("so \\boxed{\\gcd(12, 8)}", "4") == ("\\gcd(12, 8)", True)
+    assert rules("so \\boxed{\\gcd(12, 8)}", "4") == ("\\gcd(12, 8)", False)
+    answers, correct = ["5", "\\gcd(12, 8)", "4"], [False, True, True]  # 4 twice, or three answers once
+    assert ev.maj_at_k(answers, correct, 3, both.same) is True
+    assert ev.maj_at_k(answers, correct, 3, rules.same) is False  # a tie of three: the first, 5, wins
+
+
 def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
     ckpt, data = fake_ckpt
     a = ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500", "--preset", "paper"])

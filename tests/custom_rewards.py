@@ -1,0 +1,20 @@
+"""Rewards of one's own for tests/test_custom_reward.py, named in a config as
+`reward: tests.custom_rewards:has_seven` (train.py runs from the repository's root, where `tests`
+is importable as a namespace package)."""
+
+
+def has_seven(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
+    """1.0 when the response holds a '7' (a random tiny model's do about a fifth of the time, so its
+    groups have reward spread and the update runs), else format_reward; it raises on a '#', so that
+    the tests see its failures guarded and counted as a built-in grader's are."""
+    if "#" in response:
+        raise ValueError("a '#' in the response")
+    return 1.0 if "7" in response else float(format_reward)
+
+
+def one_argument(response):
+    """Not math_reward's signature: no gold, no format_reward."""
+    return 0.0
+
+
+NOT_A_FUNCTION = 3
