@@ -366,7 +366,7 @@ def my_problems(n_problems, rank, world):
 
 def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, temperature, top_p, seed,
                      chunk_size, ks, judge, reward_timeout, rank=0, world=1, context=None, clock=None,
-                     bar=None):
+                     bar=None, thinking_opened=False):
     """Sample and grade this rank's problems of one benchmark; returns its problem records. The
     one evaluation path: eval.py's, and train.py's held-out evaluation (so its numbers do not depend
     on the number of ranks, and equal eval.py's on the checkpoint with the same settings).
@@ -376,7 +376,9 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
     "problem", "gold", "samples": [...], "metrics": problem_metrics}. Problems whose prompt leaves
     no room to generate (`context`) get n empty, wrong samples (finish "prompt_too_long").
     judge(text, gold) -> (answer or None, correct) (make_judge); a call that raises or runs over
-    reward_timeout seconds makes the sample wrong, marked grader_failed.
+    reward_timeout seconds makes the sample wrong, marked grader_failed. `thinking_opened`: the
+    prompts open a think block (reward.thinking_opened), so a response is judged as "<think>" +
+    response.
     """
     records, failed = [], {"errors": 0, "timeouts": 0}
     mine = my_problems(len(rows), rank, world)
@@ -394,8 +396,9 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
             samples = []
             for s in outs.get(i, [None] * n):
                 text = s.text if s else ""
-                judged = reward.guarded(reward_timeout, lambda: judge(text, rows[i]["answer"]), text,
-                                        failed) if s else None  # None from guarded: the call failed
+                judged = reward.guarded(reward_timeout, lambda: judge(
+                    ("<think>" if thinking_opened else "") + text, rows[i]["answer"]), text,
+                    failed) if s else None  # None from guarded: the call failed
                 answer, correct = judged or (None, False)
                 samples.append({"response": text, "answer": answer, "correct": bool(correct),
                                 "tokens": len(s.response_ids) if s else 0,
@@ -493,7 +496,8 @@ def main(argv=None):
             engine, name, rows, prompts[name], n=n, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=chunk_size,
             ks=ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
-            world=world, context=max_model_len, clock=clock, bar=bar), world)
+            world=world, context=max_model_len, clock=clock, bar=bar,
+            thinking_opened=reward.thinking_opened(data.build_prompt(tokenizer, "", args.template))), world)
         bar.close()
         if rank == 0:
             results[name], all_records[name] = summarize(records, ks), records

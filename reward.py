@@ -1,6 +1,7 @@
 """reward.py: a rule-based math answer grader that is right, fast, and never hangs.
 
     extract_answer(text)        -> the final answer of a response or reference solution, or None
+    after_thinking(text)        -> the part of a thinking model's response that is graded
     verify(gold, pred)          -> True when the two denote the same mathematical answer
     rule_verify(gold, pred)     -> the same by the rules alone, without math-verify's second opinion
     math_reward(response, gold) -> 1.0 / 0.0 (configurable) for RL
@@ -683,10 +684,28 @@ def grade(response, gold, *, rel_tol=1e-4, second_opinion=True):
     if not isinstance(response, str):
         raise TypeError(f"reward: response must be a str, got {type(response).__name__}")
     try:
-        ans = extract_answer(response)
+        ans = extract_answer(after_thinking(response))
     except Exception:
         ans = None
     return ans, ans is not None and _judge(gold, ans, rel_tol, second_opinion)
+
+
+def after_thinking(text):
+    """What a grader reads of a response: the text after its thinking. A thinking model (Qwen3
+    under its chat template, DeepSeek-R1's distills) writes <think> ... </think> before its answer:
+    the answer is what follows the last </think>, and a <think> left open (the response cut off
+    while thinking) leaves no answer, whatever \\boxed{} the thinking holds. A response without the
+    tags is read whole."""
+    end = text.rfind("</think>")
+    tail = text[end + len("</think>"):] if end >= 0 else text
+    return "" if "<think>" in tail else tail
+
+
+def thinking_opened(prompt):
+    """Whether a prompt ends inside a think block that its chat template opened (DeepSeek-R1's
+    distills: the response then thinks without writing <think>). train.py and eval.py grade such a
+    response as "<think>" + response, so that unfinished thinking is no answer there too."""
+    return prompt.rfind("<think>") > prompt.rfind("</think>")
 
 
 def math_reward(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
@@ -948,7 +967,7 @@ def _math_verify_grader():
             raise TypeError(f"math_reward: response must be a str, got {type(response).__name__}")
         try:
             g = parse_gold(gold)
-            p = mv_parse(response, extraction_config=answer_config, extraction_mode="first_match",
+            p = mv_parse(after_thinking(response), extraction_config=answer_config, extraction_mode="first_match",
                          parsing_timeout=timeout())
             if not p:
                 return -float(no_answer_penalty)

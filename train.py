@@ -261,7 +261,7 @@ def sample_and_grade(run, *, step):
         t1 = time.perf_counter()
         new = []
         for row, samples in zip(prompts, outs):
-            graded = [guarded_reward(cfg, run.grader, s, row["answer"], failed) for s in samples]
+            graded = [guarded_reward(cfg, run.grader, s, row["answer"], failed, row["prompt"]) for s in samples]
             new.append(Group(row, samples, [g[0] for g in graded], [g[1] for g in graded]))
         groups, drawn = groups + new, drawn + new
         seconds["rollout"] += t1 - t0
@@ -314,13 +314,15 @@ def reward_failures(run, *, step, failed, drawn):
     return {"reward/errors": n["errors"], "reward/timeouts": n["timeouts"]}
 
 
-def shaped_reward(cfg, grader, sample, answer):
+def shaped_reward(cfg, grader, sample, answer, prompt=""):
     """-> (reward, correct). `correct` is the grader's verdict: its reward is 1.0 for a right answer
     only (format_reward < 1), whatever the shaping adds. A wrong answer's reward gets wrong_reward
     (DAPO: right +1, wrong -1); then DAPO's overlong shaping: a penalty growing linearly over the
-    last `overlong_buffer` tokens before max_new_tokens, -overlong_factor at max_new_tokens."""
-    r = grader(sample.text, answer, format_reward=cfg.format_reward,
-               no_answer_penalty=cfg.no_answer_penalty)
+    last `overlong_buffer` tokens before max_new_tokens, -overlong_factor at max_new_tokens, on every
+    response token, a thinking model's thinking included. A response to a `prompt` that opened a
+    think block is graded as "<think>" + response (reward.thinking_opened)."""
+    text = ("<think>" if reward.thinking_opened(prompt) else "") + sample.text
+    r = grader(text, answer, format_reward=cfg.format_reward, no_answer_penalty=cfg.no_answer_penalty)
     correct = r >= 1.0
     if not correct:
         r += cfg.wrong_reward
@@ -329,10 +331,10 @@ def shaped_reward(cfg, grader, sample, answer):
     return r + penalty, correct
 
 
-def guarded_reward(cfg, grader, sample, answer, failed):
+def guarded_reward(cfg, grader, sample, answer, failed, prompt=""):
     """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
     (0.0, False) and is counted (guarded)."""
-    out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer),
+    out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer, prompt),
                          sample.text, failed)
     return (0.0, False) if out is None else out
 
@@ -674,7 +676,8 @@ def evaluate(run):
         run.engine, eval_name(cfg), rows, [r["prompt_ids"] for r in rows], n=cfg.eval_n,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         seed=cfg.seed, chunk_size=math.ceil(ev.SEQS_PER_CALL / cfg.eval_n), ks=ks, judge=run.judge,
-        reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world)
+        reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world,
+        thinking_opened=bool(rows) and reward.thinking_opened(rows[0]["prompt"]))
     # Every problem's numbers on every rank, summed in problem order: the same float sums
     # whichever rank sampled which problem.
     mine = [(r["index"], sum(s["correct"] for s in r["samples"]),

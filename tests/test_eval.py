@@ -526,3 +526,22 @@ def test_training_evaluates_as_eval_py_does_on_any_number_of_ranks(setup, tmp_pa
                    "--seed", "0", "--out", str(out)])["benchmarks"]["held_out"]
     assert got["accuracy"] == step1["eval/accuracy"]
     assert [got[f"pass@{k}"] for k in (1, 2, 4)] == [step1[f"eval/pass@{k}"] for k in (1, 2, 4)]
+
+
+def test_evaluation_judges_a_thinking_models_answer_after_its_thinking():
+    """sample_benchmark as train.py and eval.py call it: a boxed answer inside unfinished thinking
+    is wrong, after </think> right; when the prompts open the think block (thinking_opened), a
+    response that never closes it has no answer."""
+    from rollout import Sample
+    texts = ["<think>it is \\\\boxed{7}", "<think>hm</think>\\\\boxed{7}", "\\\\boxed{7}", "done</think> \\\\boxed{7}"]
+
+    class Fixed:
+        def generate(self, prompts, n, max_new_tokens, temperature, top_p, seeds):
+            return [[Sample(p, [1], texts[p[0]], [0.0], "stop")] for p in prompts]
+    rows = [{"problem": str(i), "answer": "7"} for i in range(4)]
+    for opened, want in ((False, [False, True, True, True]), (True, [False, True, False, True])):
+        records = ev.sample_benchmark(Fixed(), "b", rows, [[i] for i in range(4)], n=1, max_new_tokens=4,
+                                      temperature=1.0, top_p=1.0, seed=0, chunk_size=4, ks=[1],
+                                      judge=ev.make_judge("rule"), reward_timeout=5, thinking_opened=opened)
+        assert [r["samples"][0]["correct"] for r in records] == want, opened
+        assert [r["samples"][0]["response"] for r in records] == texts   # the response as written

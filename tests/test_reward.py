@@ -887,3 +887,28 @@ def test_listed_misses_are_false_negatives_of_their_round(rnd):
     rows = {(g, p): s for batch in batches.values() for r in batch.values() for g, p, s in r}
     assert all(k in rows and rows[k] for k in misses)
     assert not KNOWN_MISSES  # round 3 moved the first round's last ones into the asserted class tables
+
+
+# ----------------------------------------------------------------------------- thinking models
+
+@pytest.mark.parametrize("response,gold,answer,right", [
+    ("<think>\nSo x = 3? \\boxed{3}. No, wait.\n</think>\nThe answer is \\boxed{4}.", "4", "4", True),
+    ("<think>\nSo x = 3? \\boxed{3}. No, wait.\n</think>\nThe answer is \\boxed{4}.", "3", "4", False),
+    ("<think>\nx is \\boxed{4}, I think, but let me check", "4", None, False),   # cut off while thinking
+    ("<think>a</think><think>\\boxed{4}", "4", None, False),                      # a second one left open
+    ("Thinking done.</think>\n\\boxed{4}", "4", "4", True),   # the prompt opened it (R1's template)
+    ("No thinking: \\boxed{4}", "4", "4", True),
+])
+def test_a_thinking_models_answer_is_what_follows_its_thinking(response, gold, answer, right):
+    """The grader reads a response after its last </think>; a \\boxed{} inside unfinished thinking
+    is no answer (math_reward's no-answer penalty applies), evaluation and training alike."""
+    assert reward.grade(response, gold) == (answer, right)
+    want = 1.0 if right else -0.5 if answer is None else 0.0
+    assert reward.math_reward(response, gold, no_answer_penalty=0.5) == want
+    assert reward.make_grader("rule")(response, gold) == max(want, 0.0)
+
+
+def test_a_prompt_that_opens_thinking():
+    assert reward.thinking_opened("<|im_start|>assistant\n<think>\n")
+    assert not reward.thinking_opened("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # Qwen3, thinking off
+    assert not reward.thinking_opened("<|im_start|>assistant\n")

@@ -143,3 +143,20 @@ def test_dynamic_sampling_fills_the_global_quota_and_counts_by_correctness(tmp_p
     assert rec["reward/groups_kept"] == pytest.approx(4 / 8)
     # held out: each of the 3 problems answered right once, wrong (boxed, reward 0.5) once
     assert r0["eval"]["eval/accuracy"] == pytest.approx(0.5) and r0["eval"]["eval/pass@2"] == 1.0
+
+
+def test_thinking_is_graded_after_it_ends_and_counts_toward_the_cap():
+    """A thinking model's response: graded after </think> (unfinished thinking, or thinking the
+    prompt opened and the response never closed, is no answer); DAPO's overlong penalty counts the
+    thinking tokens with the rest."""
+    from rollout import Sample
+    cfg = train.Config(model="m", train_data="d", method="dapo", max_new_tokens=40, overlong_buffer=10)
+    closed = "<think>" + "x" * 20 + "</think>\\boxed{7}"
+    sample = Sample([1], [5] * 36, closed, [0.0] * 36, "stop")   # 36 tokens: 6 into the buffer
+    r, correct = train.shaped_reward(cfg, reward.math_reward, sample, "7")
+    assert correct and r == pytest.approx(1.0 - 0.6)
+    open_ = Sample([1], [5] * 10, "<think>so \\boxed{7}", [0.0] * 10, "length")
+    assert train.shaped_reward(cfg, reward.math_reward, open_, "7") == (-1.0, False)
+    inside = Sample([1], [5] * 10, "so \\boxed{7}", [0.0] * 10, "length")  # the prompt opened <think>
+    assert train.shaped_reward(cfg, reward.math_reward, inside, "7", prompt="User: 3+4?\n<think>\n") == (-1.0, False)
+    assert train.shaped_reward(cfg, reward.math_reward, inside, "7", prompt="User: 3+4?\n")[1]
