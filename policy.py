@@ -382,34 +382,61 @@ def checkpoint_to_resume(out_dir, resume, overwrite, rank):
     lose, another run's files in out_dir. A collective (with --overwrite: rank 0 clears, all wait).
 
     resume None (a fresh start): out_dir must hold no checkpoint and no metrics, unless `overwrite`,
-    which removes them first. "latest": the newest checkpoint in out_dir, or none yet. A path: it,
-    provided out_dir holds nothing newer (which a later plain --resume would pick instead).
+    which removes them first. "latest": the newest checkpoint in out_dir, or none yet. A path in
+    out_dir: it, provided out_dir holds nothing newer (which a later plain --resume would pick
+    instead). A path elsewhere (a branch off another run): out_dir must hold no run, as for a fresh
+    start (its metrics would go on from another run's, its checkpoints be pruned by this one).
     """
+    if resume not in (None, "latest") and os.path.dirname(os.path.realpath(resume)) != os.path.realpath(out_dir):
+        return branch_into(out_dir, resume, overwrite, rank)
     if resume is None:
         found = earlier_run(out_dir)
         if found and not overwrite:
             raise UserError(f"out_dir {out_dir} holds another run ({found}): continue it with "
                             f"--resume, choose a new out_dir (--set out_dir=...), or start over "
                             f"with --overwrite, which deletes it")
-        if found and rank == 0:
-            clear_run(out_dir)
-            print(f"--overwrite: removed the earlier run in {out_dir} ({found})")
-        dist.barrier()  # nobody reads out_dir before rank 0 has cleared it
+        clear_for(out_dir, found, rank)
         return None
     if overwrite:
-        raise UserError("--overwrite starts a run afresh: it does not go with --resume")
+        raise UserError("--overwrite starts a run afresh: it does not go with --resume of out_dir's "
+                        "own checkpoints")
     found = list_checkpoints(out_dir)
     if resume == "latest":
         if not found and rank == 0:
             print(f"--resume: no checkpoint in {out_dir} yet; starting from step 0")
         return found[-1] if found else None
-    newer = [c for c in found if step_of(c) > step_of(resume)] if re.search(r"step_\d+", resume) else []
+    newer = [c for c in found if step_of(c) > step_of(os.path.realpath(resume))] \
+        if re.search(r"step_\d+", os.path.basename(os.path.realpath(resume))) else []
     if newer:
         raise UserError(f"--resume {resume}: out_dir {out_dir} holds newer checkpoints (up to "
                         f"{os.path.basename(newer[-1])}), which a later --resume would take for this "
                         f"run's: continue from the newest with --resume alone, or branch off into a new "
                         f"out_dir (--set out_dir=...)")
     return resume
+
+
+def branch_into(out_dir, ckpt, overwrite, rank):
+    """--resume of a checkpoint of another out_dir: a branch, which starts its records in out_dir.
+    -> ckpt, once out_dir holds no run (`overwrite`: rank 0 removes the one there). A collective."""
+    if not os.path.exists(ckpt):
+        raise UserError(f"--resume: {ckpt} does not exist")
+    found = earlier_run(out_dir)
+    if found and not overwrite:
+        raise UserError(f"--resume {ckpt}: out_dir {out_dir} holds another run ({found}), which this "
+                        f"branch's metrics would go on from and its saves prune: branch into a new "
+                        f"out_dir (--set out_dir=...), continue that run with --resume alone, or delete "
+                        f"it first with --overwrite")
+    clear_for(out_dir, found, rank)
+    return ckpt
+
+
+def clear_for(out_dir, found, rank):
+    """--overwrite's removal of the run `found` in out_dir by rank 0 (nothing when None), all ranks
+    waiting for it. A collective."""
+    if found and rank == 0:
+        clear_run(out_dir)
+        print(f"--overwrite: removed the earlier run in {out_dir} ({found})")
+    dist.barrier()  # nobody reads out_dir before rank 0 has cleared it
 
 
 def cut_back_log(path, step):

@@ -141,7 +141,8 @@ def main(argv=None):
     ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
                     help="continue from the newest checkpoint in out_dir, or from CKPT")
     ap.add_argument("--overwrite", action="store_true",
-                    help="start afresh in an out_dir that holds another run, deleting that run")
+                    help="start afresh (or branch off with --resume CKPT of another out_dir) in an "
+                         "out_dir that holds another run, deleting that run")
     args = ap.parse_args(argv)
     run = setup(load_config(args.config, args.set), resume=args.resume, overwrite=args.overwrite)
     cfg = run.cfg

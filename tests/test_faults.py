@@ -150,14 +150,14 @@ def test_model_directories(tmp_path, tiny_model_dir):
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def fake_checkpoint(path, model_dir, world=2, **config_changes):
+def fake_checkpoint(path, model_dir, world=2, step=2, **config_changes):
     os.makedirs(os.path.join(path, "optim"))
     config = {**json.load(open(os.path.join(model_dir, "config.json"))), **config_changes}
     json.dump(config, open(os.path.join(path, "config.json"), "w"))
     open(os.path.join(path, "optim", ".metadata"), "w").close()
     for r in range(world):
         open(os.path.join(path, f"rng_rank{r}.pt"), "w").close()
-    json.dump({"step": 2}, open(os.path.join(path, "trainer_state.json"), "w"))
+    json.dump({"step": step}, open(os.path.join(path, "trainer_state.json"), "w"))
     return str(path)
 
 
@@ -207,6 +207,33 @@ def test_a_fresh_start_never_touches_another_runs_out_dir(tmp_path, tiny_model_d
                           "--overwrite starts a run afresh: it does not go with --resume")
     for name, content in files.items():
         assert open(os.path.join(out, name), "rb").read() == content, name
+
+
+def test_a_resume_from_another_out_dir_never_touches_the_run_there(tmp_path, tiny_model_dir, monkeypatch):
+    """--resume A/step_000100 with out_dir B, where B holds a run of its own (step_000050 and 61
+    metric lines): one line naming what B holds and how to branch, every file of B as it was. (It
+    used to be accepted: B's metrics went on from its step 60 with A's branch from step 101, and
+    the branch's next save pruned B's step_000050.) Into an empty out_dir the branch goes ahead;
+    with --overwrite, B's run is removed first."""
+    cfg, out_b = setup_run(tmp_path, tiny_model_dir, "B", backend="hf")
+    os.makedirs(os.path.join(out_b, "step_000050"))
+    files = {"step_000050/trainer_state.json": b'{"step": 50}', "notes.txt": b"mine",
+             "metrics.jsonl": b"".join(b'{"step": %d}\n' % i for i in range(61))}
+    for name, content in files.items():
+        with open(os.path.join(out_b, name), "wb") as f:
+            f.write(content)
+    ckpt = fake_checkpoint(tmp_path / "A" / "step_000100", tiny_model_dir, step=100)
+    res = train_cli("--config", cfg, "--resume", ckpt)
+    assert_one_line_error(res, f"--resume {ckpt}: out_dir {out_b} holds another run (1 checkpoint(s) up to "
+                               f"step_000050 and metrics.jsonl with 61 line(s)), which this branch's metrics "
+                               f"would go on from and its saves prune: branch into a new out_dir "
+                               f"(--set out_dir=...)")
+    for name, content in files.items():
+        assert open(os.path.join(out_b, name), "rb").read() == content, name
+    monkeypatch.setattr(policy.dist, "barrier", lambda: None)
+    assert policy.checkpoint_to_resume(str(tmp_path / "new"), ckpt, False, 0) == ckpt
+    assert policy.checkpoint_to_resume(out_b, os.path.join(out_b, "..", "A", "step_000100"), True, 0)
+    assert sorted(os.listdir(out_b)) == ["notes.txt"]
 
 
 def test_pruning_removes_only_older_checkpoints(tmp_path):
