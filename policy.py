@@ -24,7 +24,7 @@ import torch.distributed as dist
 import yaml
 
 import packing
-from config import UserError, config_dict
+from config import UserError, config_changes, config_dict
 
 
 
@@ -316,8 +316,8 @@ def list_checkpoints(out_dir):
 
 
 # What a run writes into out_dir besides its checkpoints (--overwrite removes exactly these).
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "final", "tensorboard", "wandb",
-             "wandb_run_id")
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "config_changes.jsonl", "final",
+             "tensorboard", "wandb", "wandb_run_id")
 
 
 def step_of(ckpt):
@@ -470,7 +470,8 @@ def check_checkpoint(ckpt, model_dir, world):
         raise UserError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
     ranks = [int(m[1]) for f in os.listdir(ckpt) if (m := re.fullmatch(r"rng_rank(\d+)\.pt", f))]
     saved = max(ranks, default=-1) + 1
-    missing = [f for f in ["config.json", "optim/.metadata"] + [f"rng_rank{r}.pt" for r in range(max(saved, 1))]
+    missing = [f for f in ["config.json", "train_config.yaml", "optim/.metadata"] +
+               [f"rng_rank{r}.pt" for r in range(max(saved, 1))]
                if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete)")
@@ -482,6 +483,30 @@ def check_checkpoint(ckpt, model_dir, world):
         raise UserError(f"--resume: {ckpt} is a checkpoint of another model than {model_dir} "
                         f"({', '.join(diff)})")
     return saved
+
+
+def resumed_config(ckpt, cfg, allow_change):
+    """The changes `cfg` makes to the config that produced checkpoint `ckpt` (its
+    train_config.yaml): {key: [saved value, new value]}, or a UserError naming them when one of them
+    defines the run (config.FREE_KEYS says which do not) and `allow_change` is not set: going on
+    silently would leave a run whose steps ran under two configs, only the last one on record."""
+    path = os.path.join(ckpt, "train_config.yaml")
+    try:
+        with open(path) as f:
+            saved = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"--resume: cannot read {path} ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"--resume: {path} is not a mapping of config keys")
+    defining, free = config_changes(saved, cfg)
+    if defining and not allow_change:
+        with open(os.path.join(ckpt, "trainer_state.json")) as f:
+            step = json.load(f)["step"]
+        raise UserError(f"--resume: the config changes what defines the run of {ckpt}: "
+                        f"{', '.join(f'{k} {a!r} -> {b!r}' for k, (a, b) in defining.items())}; resume "
+                        f"with its values, or pass --allow-config-change to go on with these after step "
+                        f"{step} (recorded in {cfg.out_dir}/config_changes.jsonl)")
+    return {**defining, **free}
 
 
 def load_training_state(ckpt, model, optimizer, rank, same_world=True):

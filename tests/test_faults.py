@@ -62,6 +62,33 @@ def test_out_of_range_values_are_named(setting, message):
         train.load_config(None, BASE + [setting])
 
 
+def test_a_resume_may_change_only_what_cannot_change_the_run():
+    """config.config_changes splits a resume's changes: what defines the run (lr, method and the
+    values it resolves, a loss key, the data, the seed) from what may change (the steps to run, the
+    evaluation's cadence, the trackers, the micro-batch size); `steps` defines the run when the
+    learning rate follows a cosine over them. A key the saved config lacks counts as its default."""
+    from config import config_changes, config_dict
+    base = train.load_config(None, BASE)
+    saved = yaml.safe_load(yaml.safe_dump(config_dict(base)))
+    assert config_changes(saved, base) == ({}, {})
+    changed = train.load_config(None, BASE + ["lr=2e-6", "method=dapo", "loss.clip_high=0.5", "seed=1",
+                                              "train_data=other", "steps=5", "eval_every=2",
+                                              "loggers=[jsonl, tensorboard]", "micro_batch_tokens=512"])
+    defining, free = config_changes(saved, changed)
+    assert defining == {"seed": [0, 1], "method": ["tepo", "dapo"], "train_data": ["d", "other"],
+                        "lr": [1e-6, 2e-6], "wrong_reward": [0.0, -1.0], "dynamic_sampling": [False, True],
+                        "overlong_buffer": [0, 256], "loss.clip_high": [None, 0.5]}
+    assert free == {"steps": [100, 5], "micro_batch_tokens": [16384, 512], "eval_every": [0, 2],
+                    "loggers": [["jsonl"], ["jsonl", "tensorboard"]]}
+    cosine = train.load_config(None, BASE + ["lr_schedule=cosine"])
+    assert config_changes(yaml.safe_load(yaml.safe_dump(config_dict(cosine))),
+                          train.load_config(None, BASE + ["lr_schedule=cosine", "steps=5"])) == \
+        ({"steps": [100, 5]}, {})
+    del saved["eval_n"], saved["betas"]
+    saved["a_key_since_removed"] = 1
+    assert config_changes(saved, base) == ({}, {})
+
+
 def train_cli(*args, torchrun=False, timeout=300):
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
            if torchrun else [sys.executable]) + [os.path.join(ROOT, "train.py"), *args]
@@ -155,6 +182,7 @@ def fake_checkpoint(path, model_dir, world=2, step=2, **config_changes):
     config = {**json.load(open(os.path.join(model_dir, "config.json"))), **config_changes}
     json.dump(config, open(os.path.join(path, "config.json"), "w"))
     open(os.path.join(path, "optim", ".metadata"), "w").close()
+    open(os.path.join(path, "train_config.yaml"), "w").write("seed: 0\n")
     for r in range(world):
         open(os.path.join(path, f"rng_rank{r}.pt"), "w").close()
     json.dump({"step": step}, open(os.path.join(path, "trainer_state.json"), "w"))
@@ -169,6 +197,10 @@ def test_resume_checks_the_checkpoint(tmp_path, tiny_model_dir):
     with pytest.raises(UserError, match="lacks rng_rank0.pt .incomplete"):
         policy.check_checkpoint(good, tiny_model_dir, 2)
     open(os.path.join(good, "rng_rank0.pt"), "w").close()
+    os.remove(os.path.join(good, "train_config.yaml"))  # the config it was trained with: compared
+    with pytest.raises(UserError, match="lacks train_config.yaml .incomplete"):
+        policy.check_checkpoint(good, tiny_model_dir, 2)
+    open(os.path.join(good, "train_config.yaml"), "w").write("seed: 0\n")
     with pytest.raises(UserError, match="is not a checkpoint .no trainer_state.json"):
         policy.check_checkpoint(str(tmp_path), tiny_model_dir, 2)
     half = fake_checkpoint(tmp_path / "step_000004.tmp", tiny_model_dir)
@@ -258,6 +290,41 @@ def test_overwrite_removes_the_earlier_run_then_trains(tmp_path, tiny_model_dir)
     assert sorted(os.listdir(out)) == ["config.yaml", "final", "metrics.jsonl", "notes.txt",
                                        "samples.jsonl", "step_000001"]
     assert [r["step"] for r in metrics(out)] == [1]
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_config_stops_unless_allowed_then_records_the_change(tmp_path, tiny_model_dir):
+    """2 steps, then --resume with lr and method changed: one line naming both keys and values,
+    nothing touched. With --allow-config-change it trains on; config.yaml still holds the config of
+    steps 1-2, and config_changes.jsonl says what changed after step 2. A change of keys that cannot
+    change the run (steps, eval cadence) needs no flag and is recorded too. (It used to run on
+    without a word, config.yaml overwritten by the new config.)"""
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "changed", backend="hf", steps=2, save_every=1)
+    run(cfg)
+    before = {f: open(os.path.join(out, f), "rb").read() for f in ("config.yaml", "metrics.jsonl", "samples.jsonl")}
+    ckpt = os.path.join(out, "step_000002")
+    res = train_cli("--config", cfg, "--resume", "--set", "steps=3", "--set", "lr=1e-4", "--set", "method=grpo")
+    assert_one_line_error(res, f"--resume: the config changes what defines the run of {ckpt}: method 'tepo' -> "
+                               f"'grpo', lr 0.001 -> 0.0001; resume with its values, or pass "
+                               f"--allow-config-change to go on with these after step 2 (recorded in "
+                               f"{out}/config_changes.jsonl)")
+    assert {f: open(os.path.join(out, f), "rb").read() for f in before} == before
+    assert not os.path.exists(os.path.join(out, "config_changes.jsonl"))
+    run(cfg, "--resume", "--set", "steps=3", "--set", "lr=1e-4", "--allow-config-change")
+    run(cfg, "--resume", "--set", "steps=4", "--set", "lr=1e-4", "--set", "eval_every=1")
+    assert open(os.path.join(out, "config.yaml"), "rb").read() == before["config.yaml"]
+    changes = [json.loads(line) for line in open(os.path.join(out, "config_changes.jsonl"))]
+    assert changes == [
+        {"step": 2, "resumed_from": ckpt, "changed": {"lr": [0.001, 0.0001], "steps": [2, 3]}},
+        {"step": 3, "resumed_from": os.path.join(out, "step_000003"),
+         "changed": {"steps": [3, 4], "eval_every": [0, 1]}}]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+    # resumed from step 3 again: the change recorded at step 3 is replaced, the one at 2 stays
+    shutil.rmtree(os.path.join(out, "step_000004"))
+    os.remove(os.path.join(out, "final"))
+    run(cfg, "--resume", "--set", "steps=4", "--set", "lr=1e-4")
+    assert [json.loads(line) for line in open(os.path.join(out, "config_changes.jsonl"))] == [
+        changes[0], {**changes[1], "changed": {"steps": [3, 4]}}]
 
 
 # ----------------------------------------------------------------------------- rewards
