@@ -96,16 +96,43 @@ def all_ranks(values, op="sum"):
 
 def run_main(main):
     """main(), with bad input (UserError, FileNotFoundError) reported as one `error: ...` line on
-    stderr and exit code 2, no traceback; other exceptions keep theirs (they are bugs or faults).
-    Under torchrun each rank that fails prints its line, prefixed with its rank."""
+    stderr (report_error) and exit code 2, no traceback; other exceptions keep theirs (they are bugs
+    or faults)."""
     try:
         return main()
     except (UserError, FileNotFoundError) as e:
-        who = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
-        print(f"{who}error: {e}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        report_error(f"error: {e}")
         os._exit(2)  # not sys.exit: peers may be gone, and shutdown hooks would wait on them
+
+
+def report_error(line):
+    """Print `line` on stderr on a line of its own, once per launcher.
+
+    Under torchrun every rank usually fails alike: the first rank of this node to get here prints
+    it (a file made with O_EXCL beside the ranks' error files decides), and every rank writes it as
+    its error file (TORCHELASTIC_ERROR_FILE), which torchrun's failure report then shows as the
+    root cause's `traceback :` line, last of all, instead of a link to its documentation. Other
+    launchers of several processes: each rank prints it, prefixed with its rank. One write, so
+    that two processes' lines never interleave (print writes the text and the newline apart).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    error_file, first = os.environ.get("TORCHELASTIC_ERROR_FILE"), True
+    if error_file:
+        try:
+            with open(error_file, "w") as f:  # the format of torch.distributed.elastic's @record
+                json.dump({"message": {"message": line, "extraInfo": {
+                    "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+            os.close(os.open(os.path.join(os.path.dirname(os.path.dirname(error_file)), "error_shown"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            first = False
+        except OSError:
+            pass
+    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        line = f"[rank {os.environ['RANK']}] {line}"
+    if first:
+        os.write(2, (line + "\n").encode())
 
 
 LAUNCHER_POLL_S = 1.0  # a torchrun worker checks its launcher is alive this often

@@ -131,9 +131,50 @@ def test_config_errors_are_one_line_without_traceback(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_prompts_per_step_not_divisible_by_the_ranks(tmp_path, tiny_model_dir):
+    """Under torchrun: the line once, on its own line, and again as the last word of torchrun's
+    report (the root cause's `traceback :`), not a link to torch's documentation."""
     cfg, _ = setup_run(tmp_path, tiny_model_dir, "odd", prompts_per_step=3)
     res = train_cli("--config", cfg, torchrun=True)
-    assert_one_line_error(res, "prompts_per_step=3 must divide by the 2 ranks")
+    want = "error: config: prompts_per_step=3 must divide by the 2 ranks"
+    assert_one_line_error(res, want)
+    assert [ln for ln in res.stderr.splitlines() if "error: " in ln and "traceback : " not in ln] == [want]
+    root = res.stderr[res.stderr.index("Root Cause"):]
+    assert f"  traceback : {want}\n=====" in root and "To enable traceback" not in res.stderr, res.stderr[-3000:]
+
+
+FAIL_LIKE_A_RANK = """import os, sys
+sys.path.insert(0, {root!r})
+import policy
+from config import UserError
+def main():
+    raise UserError("config: prompts_per_step=3 must divide by the 2 ranks")
+policy.run_main(main)
+"""
+
+
+def test_under_torchrun_a_bad_input_is_printed_once_and_reported_to_torchrun(tmp_path):
+    """Two ranks fail at once on bad input, writing to one stderr unbuffered (PYTHONUNBUFFERED=1,
+    common in containers): one line, whole; each rank's error file, which torchrun reads, carries
+    it, so that its report ends with the line. (Before: a line per rank, at times glued on one
+    line, and no error file, so torchrun's report ended with a link to its documentation.)"""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_LIKE_A_RANK.format(root=ROOT))
+    attempt, log = tmp_path / "attempt_0", tmp_path / "stderr.txt"
+    with open(log, "ab") as err:
+        procs = []
+        for r in range(2):
+            (attempt / str(r)).mkdir(parents=True)
+            env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "PYTHONUNBUFFERED": "1",
+                   "TORCHELASTIC_ERROR_FILE": str(attempt / str(r) / "error.json")}
+            procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stderr=err, cwd=ROOT))
+        assert [p.wait(timeout=120) for p in procs] == [2, 2]
+    want = "error: config: prompts_per_step=3 must divide by the 2 ranks"
+    assert [ln for ln in log.read_text().splitlines() if "error" in ln] == [want], log.read_text()
+    failures = {r: ProcessFailure(local_rank=r, pid=0, exitcode=2, error_file=str(attempt / str(r) / "error.json"))
+                for r in range(2)}
+    report = str(ChildFailedError("train.py", failures))
+    assert report.rstrip().splitlines()[-2] == f"  traceback : {want}", report
 
 
 # ----------------------------------------------------------------------------- data
