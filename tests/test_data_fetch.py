@@ -180,28 +180,34 @@ def test_a_truncated_body_is_retried_then_refused(tmp_path, serve, monkeypatch):
     mirror, _ = copy_of(tmp_path, "aime24")
     Quiet.hits.clear()
     out = tmp_path / "data"
-    with pytest.raises(UserError, match=r"could not download http://\S+/aime24/test\.jsonl \(.*2 tries\)"):
+    with pytest.raises(UserError, match=r"(?s)could not download 1 of the 1 data files from http://\S+: .*"
+                                        r"aime24/test\.jsonl -> \S+ \(truncated: got 500 of \d+ bytes; 2 tries\)"):
         data.fetch(["aime24"], str(out), mirror=serve(mirror, Truncating))
     assert len(Quiet.hits) == 2
     assert files_under(out) == []
 
 
-def test_server_down_is_one_error_line_naming_the_url_and_where_to_put_the_file(tmp_path):
-    """On the command line: exit 2 and one `error:` line (after the retries, shortened here) with
-    the URL and the path where a file downloaded by hand is taken from; then that file is used."""
+def test_offline_every_missing_file_is_named_in_one_error_and_nothing_is_left(tmp_path):
+    """No host answers: one `error:` line naming the host and --mirror, then each of the eight
+    source URLs with the path where a copy downloaded by hand is taken from; no directory made.
+    (Before: it stopped at the first file, said nothing of --mirror, and left an empty directory.)
+    Then the file placed there is used."""
     need_shared(UPSTREAM)
     out = tmp_path / "data"
     code = ("import sys, data; data.FETCH_TRIES = 2; import time; time.sleep = lambda s: None; "
             "data.main(sys.argv[1:])")
-    run = subprocess.run([sys.executable, "-c", code, "fetch", "aime24", "--out", str(out), "--mirror",
+    run = subprocess.run([sys.executable, "-c", code, "fetch", "--out", str(out), "--mirror",
                           "http://127.0.0.1:9"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, run.stderr
+    assert len(errors) == 1 and errors[0].startswith("error: could not reach http://127.0.0.1:9 (") and \
+        "8 data file(s) missing" in errors[0] and "--mirror URL" in errors[0], run.stderr
+    for _, repo, commit, path in (s[:4] for s in data.SOURCES.values()):
+        assert f"\n  {data.GITHUB_RAW}/{repo}/{commit}/{path} -> {out / 'upstream' / repo / commit / path}" \
+            in run.stderr, run.stderr
+    assert not out.exists()
     _, repo, commit, path = data.SOURCES["aime24"][:4]
     by_hand = out / "upstream" / repo / commit / path
-    assert f"http://127.0.0.1:9/{repo}/{commit}/{path}" in errors[0] and str(by_hand) in errors[0]
-    assert files_under(out) == []
     by_hand.parent.mkdir(parents=True)
     shutil.copy(os.path.join(UPSTREAM, repo, commit, path), by_hand)
     again = subprocess.run([sys.executable, "data.py", "fetch", "aime24", "--out", str(out), "--mirror",
@@ -209,6 +215,19 @@ def test_server_down_is_one_error_line_naming_the_url_and_where_to_put_the_file(
     assert again.returncode == 0, again.stderr
     assert [json.loads(ln)["answer"] for ln in open(out / "aime24.jsonl")] == \
         [json.loads(ln)["answer"] for ln in open(os.path.join(DATA_DIR, "aime24.jsonl"))]
+
+
+def test_a_mirror_without_some_files_names_each_and_writes_the_others(tmp_path, serve, monkeypatch):
+    """A host that answers but lacks a file (HTTP 404): the others are still tried and written."""
+    need_shared(UPSTREAM)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    mirror, _ = copy_of(tmp_path, "aime24")
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"could not download 2 of the 3 data files from http://\S+: 2 data "
+                                        r"file\(s\) missing(.|\n)*amc23/test\.jsonl -> \S+ \(HTTP 404 File not "
+                                        r"found; 1 tries\)\n.*gsm8k/test\.jsonl -> \S+ \(HTTP 404"):
+        data.fetch(["amc23", "aime24", "gsm8k"], str(out), mirror=serve(mirror))
+    assert sorted(os.listdir(out)) == ["aime24.jsonl", "upstream"]
 
 
 def test_unknown_names_are_refused():
