@@ -379,22 +379,27 @@ def _write_atomic(path, body):
 
 
 def main(argv=None):
+    """`python data.py fetch [NAME ...] --out DIR [--mirror URL]`; a NAME may also be its file's stem
+    (minerva_math, gsm8k_test), as eval.py names a --data file."""
     import argparse
     import sys
+    stems = {os.path.splitext(s[0])[0]: n for n, s in SOURCES.items() if os.path.splitext(s[0])[0] != n}
     ap = argparse.ArgumentParser(description="Fetch the math data sets from pinned public sources.")
     sub = ap.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download, check (SHA-256), convert and write the data sets")
     f.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"data sets to fetch (default: all): {' '.join(SOURCES)}")
+                   help=f"data sets to fetch (default: all): {' '.join(SOURCES)}; or their files' stems")
     f.add_argument("--out", default="data", help="directory written (default: data/)")
     f.add_argument("--mirror", default=GITHUB_RAW,
                    help=f"base URL laid out as <repo>/<commit>/<path> (default: {GITHUB_RAW})")
     args = ap.parse_args(argv)
-    unknown = [n for n in args.names if n not in SOURCES]
+    unknown = [n for n in args.names if n not in SOURCES and n not in stems]
     if unknown:
-        ap.error(f"unknown data set(s) {unknown}; known: {' '.join(SOURCES)}")
+        f.error(f"unknown data set(s) {unknown}; known: {' '.join(SOURCES)} (or the stems of their "
+                f"files: {' '.join(stems)})")
+    names = list(dict.fromkeys(stems.get(n, n) for n in args.names)) or list(SOURCES)
     try:
-        fetch(args.names or list(SOURCES), args.out, args.mirror)
+        fetch(names, args.out, args.mirror)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -230,7 +230,20 @@ def test_a_mirror_without_some_files_names_each_and_writes_the_others(tmp_path, 
     assert sorted(os.listdir(out)) == ["aime24.jsonl", "upstream"]
 
 
-def test_unknown_names_are_refused():
+def test_unknown_names_are_refused_with_fetchs_usage():
+    """fetch's own usage line (it was the top-level one, which does not show NAME or --out)."""
     run = subprocess.run([sys.executable, "data.py", "fetch", "math", "--out", "/nonexistent"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "unknown data set(s) ['math']" in run.stderr
+    assert run.returncode == 2 and run.stderr.startswith("usage: data.py fetch [-h] [--out OUT]"), run.stderr
+    assert "data.py fetch: error: unknown data set(s) ['math']; known: math_train math500 aime24 aime25 " \
+           "amc23 minerva olympiadbench gsm8k (or the stems of their files: minerva_math gsm8k_test)" in run.stderr
+
+
+def test_a_data_set_may_be_named_by_its_files_stem(tmp_path, serve):
+    """minerva_math and gsm8k_test, as eval.py names the files, fetch minerva and gsm8k (they were
+    refused as unknown); a set named twice is fetched once."""
+    need_shared(UPSTREAM)
+    Quiet.hits.clear()
+    data.main(["fetch", "minerva_math", "gsm8k_test", "minerva", "--out", str(tmp_path), "--mirror", serve(UPSTREAM)])
+    assert sorted(os.listdir(tmp_path)) == ["gsm8k_test.jsonl", "minerva_math.jsonl", "upstream"]
+    assert len(Quiet.hits) == 2
