@@ -1,6 +1,7 @@
-"""data.py fetch over real HTTP: ../shared/upstream served by http.server stands in for GitHub's raw
-host; the converted files must equal ../shared/data (converted independently from the same bytes)
-row for row, and every bad input is an error that names it and leaves nothing behind."""
+"""data.py fetch over real HTTP: the upstream files (../shared/upstream, or $TEPO_DATA_DIR/upstream:
+tests/qwen_math.py) served by http.server stand in for GitHub's raw host; the converted files must
+equal ../shared/data (converted independently from the same bytes) row for row, and every bad input
+is an error that names it and leaves nothing behind."""
 import functools
 import hashlib
 import http.server
@@ -15,9 +16,7 @@ import pytest
 
 import data
 from config import UserError
-from qwen_math import DATA_DIR, ROOT, SHARED, need_shared
-
-UPSTREAM = os.path.join(SHARED, "upstream")
+from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, UPSTREAM, need_shared
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -57,6 +56,41 @@ def copy_of(tmp_path, name):
 def files_under(out):
     """Every file under `out`: after an error, none (no converted file, no temporary one)."""
     return [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+
+
+NEEDS_DATA = ["tests/test_data_fetch.py::test_a_converted_file_in_place_is_up_to_date_without_its_raw_file",
+              "tests/test_gpu_path.py::test_the_chat_templates_end_of_turn_stops_sampling"]
+
+
+def pytest_run(env, *tests):
+    """pytest on `tests` in a process of its own with `env` added -> its output, skip reasons shown."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests],
+                         cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    return out.stdout + out.stderr
+
+
+def test_the_data_and_tokenizer_come_from_the_environment_or_a_skip_says_how(tmp_path):
+    """Where ../shared is not beside the checkout: a test that needs the data sets or the tokenizer
+    skips saying what it needs and how to provide it (data.py fetch into $TEPO_DATA_DIR, the
+    tokenizer's files into $TEPO_QWEN_TOKENIZER), and runs once they are there. (It said only that
+    ../shared was absent, and nothing else was looked at.)"""
+    need_shared(UPSTREAM, DATA_DIR, TOKENIZER_DIR)
+    absent = {"TEPO_DATA_DIR": str(tmp_path / "none"), "TEPO_QWEN_TOKENIZER": str(tmp_path / "none_tok")}
+    report = pytest_run(absent, *NEEDS_DATA)
+    assert "2 skipped" in report, report
+    assert (f"{tmp_path}/none/upstream is absent: this test needs the data sets' raw upstream files, which "
+            f"`python data.py fetch --out DIR` keeps in DIR/upstream: TEPO_DATA_DIR=DIR") in report, report
+    assert (f"{tmp_path}/none_tok is absent: this test needs Qwen2.5-Math-1.5B's tokenizer and config files: "
+            f"`hf download Qwen/Qwen2.5-Math-1.5B config.json generation_config.json vocab.json merges.txt "
+            f"tokenizer_config.json --local-dir DIR`, then TEPO_QWEN_TOKENIZER=DIR") in report, report
+    data_dir, tok = tmp_path / "data", tmp_path / "tok"  # as data.py fetch and hf download leave them
+    data_dir.mkdir()
+    for f in os.listdir(DATA_DIR):
+        os.symlink(os.path.join(DATA_DIR, f), data_dir / f)
+    os.symlink(UPSTREAM, data_dir / "upstream")
+    os.symlink(TOKENIZER_DIR, tok)
+    report = pytest_run({"TEPO_DATA_DIR": str(data_dir), "TEPO_QWEN_TOKENIZER": str(tok)}, *NEEDS_DATA)
+    assert "2 passed" in report, report
 
 
 def test_every_data_set_fetched_over_http_equals_the_reference_row_for_row(tmp_path, serve):
