@@ -1,6 +1,7 @@
 """The run's settings: the `Config` dataclass (one field per YAML key, each with its meaning), and
 `load_config`, which reads a YAML file (and the file its `base:` names) plus `--set key=value`
-overrides, and rejects unknown keys and values of the wrong type with the key's name."""
+overrides, and rejects unknown keys and values of the wrong type with the key's name; which keys
+define a run and which a resume may change (`FREE_KEYS`, `config_changes`)."""
 import dataclasses
 import math
 import os
@@ -206,6 +207,47 @@ def load_config(path, overrides=()):
     return Config(**raw)
 
 
+# The keys a resume may change: they cannot change what the run computes, only what it logs,
+# evaluates, keeps or stops on, or how it lays out the work in memory (the same numbers but for
+# float rounding). `steps` too, unless the learning rate follows a cosine over them. Every other
+# key defines the run: method, loss, data, model, seed, batch shape, sampling, optimizer, rewards,
+# dtypes, backend.
+FREE_KEYS = ("out_dir", "steps", "eval_data", "eval_every", "eval_n", "eval_max_problems",
+             "save_every", "keep_last", "log_samples_every", "full_batch_metrics", "loggers",
+             "wandb_project", "wandb_run_name", "max_bad_steps", "reward_timeout",
+             "max_reward_errors", "micro_batch_tokens", "micro_batch_layout", "packed_attention",
+             "activation_checkpointing", "gpu_memory_utilization")
+
+
+def config_changes(saved, cfg):
+    """What `cfg` changes of a run whose config was `saved` (a checkpoint's train_config.yaml, as
+    a dict) -> ({key: [saved value, new value]} of the keys that define the run, the same of
+    FREE_KEYS).
+
+    Loss keys are compared one by one (`loss.clip_high`; None on the side that does not set it). A
+    key the saved config lacks (a field added since) counts as its default; one it has that no
+    longer exists is ignored.
+    """
+    fields = dataclasses.fields(Config)
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in fields}
+    old = {**defaults, **{k: v for k, v in saved.items() if k in defaults}}
+    old, new = (yaml.safe_load(yaml.safe_dump(d)) for d in (plain(old), config_dict(cfg)))  # as saved
+    changed = {f.name: [old[f.name], new[f.name]] for f in fields
+               if f.name != "loss" and old[f.name] != new[f.name]}
+    old_loss, new_loss = old["loss"] or {}, new["loss"] or {}
+    changed.update({f"loss.{k}": [old_loss.get(k), new_loss.get(k)] for k in sorted({*old_loss, *new_loss})
+                    if old_loss.get(k) != new_loss.get(k)})
+    free = set(FREE_KEYS) - ({"steps"} if "cosine" in (old["lr_schedule"], new["lr_schedule"]) else set())
+    return ({k: v for k, v in changed.items() if k not in free},
+            {k: v for k, v in changed.items() if k in free})
+
+
+def plain(values):
+    """A dict of config values with tuples as lists (YAML's)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
 def config_dict(cfg):
-    return {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v)
-            for f in dataclasses.fields(cfg)}
+    """A Config's fields as a dict of plain YAML values, as train.py saves it (train_config.yaml)."""
+    return plain({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})

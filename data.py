@@ -264,13 +264,15 @@ def convert(name, raw):
 
 
 def _download(url, desc):
-    """The body at `url` (a tqdm bar per file), or a UserError once FETCH_TRIES attempts failed. A body
-    shorter than its Content-Length is a failed attempt (urllib would hand it over as it is)."""
+    """The body at `url` (a tqdm bar per file) -> (body, None, True), or (None, why, answered) once
+    FETCH_TRIES attempts failed: why (the last failure), and whether the host answered at all (an
+    HTTP status, a body cut short) rather than not being reached. A body shorter than its
+    Content-Length is a failed attempt (urllib would hand it over as it is)."""
     import time
     import urllib.error
     import urllib.request
     from tqdm import tqdm
-    last = None
+    why, answered = None, False
     for attempt in range(FETCH_TRIES):
         if attempt:
             time.sleep(2 ** attempt)
@@ -284,15 +286,16 @@ def _download(url, desc):
                         bar.update(len(chunk))
                 body = b"".join(parts)
             if size is not None and len(body) != size:
+                answered = True
                 raise OSError(f"truncated: got {len(body)} of {size} bytes")
-            return body
+            return body, None, True
         except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code} {e.reason}"
+            why, answered = f"HTTP {e.code} {e.reason}", True
             if 400 <= e.code < 500 and e.code != 429:
                 break  # a missing file stays missing
         except (OSError, ValueError) as e:  # URLError, timeouts, resets, IncompleteRead
-            last = str(getattr(e, "reason", None) or e)
-    raise UserError(f"could not download {url} ({last}; {attempt + 1} tries)")
+            why = str(getattr(e, "reason", None) or e)
+    return None, f"{why}; {attempt + 1} tries", answered
 
 
 def fetch(names, out_dir, mirror=GITHUB_RAW):
@@ -303,11 +306,12 @@ def fetch(names, out_dir, mirror=GITHUB_RAW):
     `<out_dir>/upstream/<repo>/<commit>/<path>` when it is there with the pinned digest (put there
     by hand where the network cannot reach the source), or downloaded from
     `<mirror>/<repo>/<commit>/<path>` and kept there. Every file is written whole or not at all (a
-    temporary file renamed into place), so an error leaves nothing partial behind.
+    temporary file renamed into place), so an error leaves nothing partial behind. The files that
+    cannot be downloaded are named together in one UserError (missing_files), the others written;
+    once the host is not reached at all, the rest are not tried.
     """
     import hashlib
-    written = {}
-    os.makedirs(out_dir, exist_ok=True)
+    written, missing, unreached = {}, [], None
     for name in names:
         file, repo, commit, path, digest = SOURCES[name][:5]
         target = os.path.join(out_dir, file)
@@ -321,11 +325,14 @@ def fetch(names, out_dir, mirror=GITHUB_RAW):
         cached = os.path.join(out_dir, "upstream", repo, commit, path)
         raw = open(cached, "rb").read() if os.path.isfile(cached) else None
         if raw is None or hashlib.sha256(raw).hexdigest() != digest:
-            try:
-                raw = _download(url, file)
-            except UserError as e:
-                raise UserError(f"{e}: download it by hand (from {GITHUB_RAW}/{repo}/{commit}/{path}) "
-                                f"and place it at {cached}, then run this again") from None
+            if unreached:
+                missing.append((name, None))
+                continue
+            raw, why, answered = _download(url, file)
+            if raw is None:
+                missing.append((name, why if answered else None))
+                unreached = None if answered else why
+                continue
             got = hashlib.sha256(raw).hexdigest()
             if got != digest:
                 page = " (an HTML page, not the data)" if raw.lstrip()[:1] == b"<" else ""
@@ -337,7 +344,23 @@ def fetch(names, out_dir, mirror=GITHUB_RAW):
         _write_atomic(target, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8"))
         print(f"{name}: {len(rows)} rows -> {target}", flush=True)
         written[name] = rows
+    if missing:
+        raise UserError(missing_files(missing, len(names), out_dir, mirror, unreached))
     return written
+
+
+def missing_files(missing, wanted, out_dir, mirror, unreached):
+    """fetch's error for the files it could not download, [(name, why it failed, or None where the
+    host was not reached)], of `wanted` files: every source URL and the path where a copy downloaded by
+    hand is taken from, and the two ways on (--mirror, or by hand)."""
+    head = (f"could not reach {mirror} ({unreached})" if unreached else
+            f"could not download {len(missing)} of the {wanted} data files from {mirror}")
+    lines = [f"  {GITHUB_RAW}/{repo}/{commit}/{path} -> {os.path.join(out_dir, 'upstream', repo, commit, path)}"
+             + (f" ({why})" if why else "")
+             for name, why in missing for repo, commit, path in [SOURCES[name][1:4]]]
+    return (f"{head}: {len(missing)} data file(s) missing. Name a host that has them, laid out as "
+            f"<repo>/<commit>/<path>, with --mirror URL; or download each by hand to the path after its "
+            f"arrow (its SHA-256 is checked), then run this again:\n" + "\n".join(lines))
 
 
 def _write_atomic(path, body):
@@ -356,22 +379,27 @@ def _write_atomic(path, body):
 
 
 def main(argv=None):
+    """`python data.py fetch [NAME ...] --out DIR [--mirror URL]`; a NAME may also be its file's stem
+    (minerva_math, gsm8k_test), as eval.py names a --data file."""
     import argparse
     import sys
+    stems = {os.path.splitext(s[0])[0]: n for n, s in SOURCES.items() if os.path.splitext(s[0])[0] != n}
     ap = argparse.ArgumentParser(description="Fetch the math data sets from pinned public sources.")
     sub = ap.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fetch", help="download, check (SHA-256), convert and write the data sets")
     f.add_argument("names", nargs="*", metavar="NAME",
-                   help=f"data sets to fetch (default: all): {' '.join(SOURCES)}")
+                   help=f"data sets to fetch (default: all): {' '.join(SOURCES)}; or their files' stems")
     f.add_argument("--out", default="data", help="directory written (default: data/)")
     f.add_argument("--mirror", default=GITHUB_RAW,
                    help=f"base URL laid out as <repo>/<commit>/<path> (default: {GITHUB_RAW})")
     args = ap.parse_args(argv)
-    unknown = [n for n in args.names if n not in SOURCES]
+    unknown = [n for n in args.names if n not in SOURCES and n not in stems]
     if unknown:
-        ap.error(f"unknown data set(s) {unknown}; known: {' '.join(SOURCES)}")
+        f.error(f"unknown data set(s) {unknown}; known: {' '.join(SOURCES)} (or the stems of their "
+                f"files: {' '.join(stems)})")
+    names = list(dict.fromkeys(stems.get(n, n) for n in args.names)) or list(SOURCES)
     try:
-        fetch(args.names or list(SOURCES), args.out, args.mirror)
+        fetch(names, args.out, args.mirror)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import yaml
 
 import packing
-from config import UserError, config_dict
+from config import UserError, config_changes, config_dict
 
 
 
@@ -96,16 +96,43 @@ def all_ranks(values, op="sum"):
 
 def run_main(main):
     """main(), with bad input (UserError, FileNotFoundError) reported as one `error: ...` line on
-    stderr and exit code 2, no traceback; other exceptions keep theirs (they are bugs or faults).
-    Under torchrun each rank that fails prints its line, prefixed with its rank."""
+    stderr (report_error) and exit code 2, no traceback; other exceptions keep theirs (they are bugs
+    or faults)."""
     try:
         return main()
     except (UserError, FileNotFoundError) as e:
-        who = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
-        print(f"{who}error: {e}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
+        report_error(f"error: {e}")
         os._exit(2)  # not sys.exit: peers may be gone, and shutdown hooks would wait on them
+
+
+def report_error(line):
+    """Print `line` on stderr on a line of its own, once per launcher.
+
+    Under torchrun every rank usually fails alike: the first rank of this node to get here prints
+    it (a file made with O_EXCL beside the ranks' error files decides), and every rank writes it as
+    its error file (TORCHELASTIC_ERROR_FILE), which torchrun's failure report then shows as the
+    root cause's `traceback :` line, last of all, instead of a link to its documentation. Other
+    launchers of several processes: each rank prints it, prefixed with its rank. One write, so
+    that two processes' lines never interleave (print writes the text and the newline apart).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    error_file, first = os.environ.get("TORCHELASTIC_ERROR_FILE"), True
+    if error_file:
+        try:
+            with open(error_file, "w") as f:  # the format of torch.distributed.elastic's @record
+                json.dump({"message": {"message": line, "extraInfo": {
+                    "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+            os.close(os.open(os.path.join(os.path.dirname(os.path.dirname(error_file)), "error_shown"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            first = False
+        except OSError:
+            pass
+    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        line = f"[rank {os.environ['RANK']}] {line}"
+    if first:
+        os.write(2, (line + "\n").encode())
 
 
 LAUNCHER_POLL_S = 1.0  # a torchrun worker checks its launcher is alive this often
@@ -316,8 +343,8 @@ def list_checkpoints(out_dir):
 
 
 # What a run writes into out_dir besides its checkpoints (--overwrite removes exactly these).
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "final", "tensorboard", "wandb",
-             "wandb_run_id")
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml", "config_changes.jsonl", "final",
+             "tensorboard", "wandb", "wandb_run_id")
 
 
 def step_of(ckpt):
@@ -382,34 +409,61 @@ def checkpoint_to_resume(out_dir, resume, overwrite, rank):
     lose, another run's files in out_dir. A collective (with --overwrite: rank 0 clears, all wait).
 
     resume None (a fresh start): out_dir must hold no checkpoint and no metrics, unless `overwrite`,
-    which removes them first. "latest": the newest checkpoint in out_dir, or none yet. A path: it,
-    provided out_dir holds nothing newer (which a later plain --resume would pick instead).
+    which removes them first. "latest": the newest checkpoint in out_dir, or none yet. A path in
+    out_dir: it, provided out_dir holds nothing newer (which a later plain --resume would pick
+    instead). A path elsewhere (a branch off another run): out_dir must hold no run, as for a fresh
+    start (its metrics would go on from another run's, its checkpoints be pruned by this one).
     """
+    if resume not in (None, "latest") and os.path.dirname(os.path.realpath(resume)) != os.path.realpath(out_dir):
+        return branch_into(out_dir, resume, overwrite, rank)
     if resume is None:
         found = earlier_run(out_dir)
         if found and not overwrite:
             raise UserError(f"out_dir {out_dir} holds another run ({found}): continue it with "
                             f"--resume, choose a new out_dir (--set out_dir=...), or start over "
                             f"with --overwrite, which deletes it")
-        if found and rank == 0:
-            clear_run(out_dir)
-            print(f"--overwrite: removed the earlier run in {out_dir} ({found})")
-        dist.barrier()  # nobody reads out_dir before rank 0 has cleared it
+        clear_for(out_dir, found, rank)
         return None
     if overwrite:
-        raise UserError("--overwrite starts a run afresh: it does not go with --resume")
+        raise UserError("--overwrite starts a run afresh: it does not go with --resume of out_dir's "
+                        "own checkpoints")
     found = list_checkpoints(out_dir)
     if resume == "latest":
         if not found and rank == 0:
             print(f"--resume: no checkpoint in {out_dir} yet; starting from step 0")
         return found[-1] if found else None
-    newer = [c for c in found if step_of(c) > step_of(resume)] if re.search(r"step_\d+", resume) else []
+    newer = [c for c in found if step_of(c) > step_of(os.path.realpath(resume))] \
+        if re.search(r"step_\d+", os.path.basename(os.path.realpath(resume))) else []
     if newer:
         raise UserError(f"--resume {resume}: out_dir {out_dir} holds newer checkpoints (up to "
                         f"{os.path.basename(newer[-1])}), which a later --resume would take for this "
                         f"run's: continue from the newest with --resume alone, or branch off into a new "
                         f"out_dir (--set out_dir=...)")
     return resume
+
+
+def branch_into(out_dir, ckpt, overwrite, rank):
+    """--resume of a checkpoint of another out_dir: a branch, which starts its records in out_dir.
+    -> ckpt, once out_dir holds no run (`overwrite`: rank 0 removes the one there). A collective."""
+    if not os.path.exists(ckpt):
+        raise UserError(f"--resume: {ckpt} does not exist")
+    found = earlier_run(out_dir)
+    if found and not overwrite:
+        raise UserError(f"--resume {ckpt}: out_dir {out_dir} holds another run ({found}), which this "
+                        f"branch's metrics would go on from and its saves prune: branch into a new "
+                        f"out_dir (--set out_dir=...), continue that run with --resume alone, or delete "
+                        f"it first with --overwrite")
+    clear_for(out_dir, found, rank)
+    return ckpt
+
+
+def clear_for(out_dir, found, rank):
+    """--overwrite's removal of the run `found` in out_dir by rank 0 (nothing when None), all ranks
+    waiting for it. A collective."""
+    if found and rank == 0:
+        clear_run(out_dir)
+        print(f"--overwrite: removed the earlier run in {out_dir} ({found})")
+    dist.barrier()  # nobody reads out_dir before rank 0 has cleared it
 
 
 def cut_back_log(path, step):
@@ -443,7 +497,8 @@ def check_checkpoint(ckpt, model_dir, world):
         raise UserError(f"--resume: {ckpt} is not a checkpoint (no trainer_state.json)")
     ranks = [int(m[1]) for f in os.listdir(ckpt) if (m := re.fullmatch(r"rng_rank(\d+)\.pt", f))]
     saved = max(ranks, default=-1) + 1
-    missing = [f for f in ["config.json", "optim/.metadata"] + [f"rng_rank{r}.pt" for r in range(max(saved, 1))]
+    missing = [f for f in ["config.json", "train_config.yaml", "optim/.metadata"] +
+               [f"rng_rank{r}.pt" for r in range(max(saved, 1))]
                if not os.path.isfile(os.path.join(ckpt, f))]
     if missing:
         raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete)")
@@ -455,6 +510,30 @@ def check_checkpoint(ckpt, model_dir, world):
         raise UserError(f"--resume: {ckpt} is a checkpoint of another model than {model_dir} "
                         f"({', '.join(diff)})")
     return saved
+
+
+def resumed_config(ckpt, cfg, allow_change):
+    """The changes `cfg` makes to the config that produced checkpoint `ckpt` (its
+    train_config.yaml): {key: [saved value, new value]}, or a UserError naming them when one of them
+    defines the run (config.FREE_KEYS says which do not) and `allow_change` is not set: going on
+    silently would leave a run whose steps ran under two configs, only the last one on record."""
+    path = os.path.join(ckpt, "train_config.yaml")
+    try:
+        with open(path) as f:
+            saved = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"--resume: cannot read {path} ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"--resume: {path} is not a mapping of config keys")
+    defining, free = config_changes(saved, cfg)
+    if defining and not allow_change:
+        with open(os.path.join(ckpt, "trainer_state.json")) as f:
+            step = json.load(f)["step"]
+        raise UserError(f"--resume: the config changes what defines the run of {ckpt}: "
+                        f"{', '.join(f'{k} {a!r} -> {b!r}' for k, (a, b) in defining.items())}; resume "
+                        f"with its values, or pass --allow-config-change to go on with these after step "
+                        f"{step} (recorded in {cfg.out_dir}/config_changes.jsonl)")
+    return {**defining, **free}
 
 
 def load_training_state(ckpt, model, optimizer, rank, same_world=True):

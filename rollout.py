@@ -83,7 +83,8 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
     tokens/s); one process with 2 threads on an idle 2-core machine decodes ~1.35x faster than 1.
 
     Environment (a value you set wins): VLLM_CPU_KVCACHE_SPACE (default 1) GiB of KV cache on CPU;
-    VLLM_LOGGING_LEVEL (default WARNING); VLLM_CPU_OMP_THREADS_BIND, which cores a rank's threads
+    VLLM_LOGGING_LEVEL (default WARNING; known, harmless notices are silenced unless
+    TEPO_ALL_WARNINGS=1: KNOWN_NOTICES); VLLM_CPU_OMP_THREADS_BIND, which cores a rank's threads
     may use: "auto" (default) splits the cores evenly between the ranks of a node (one process
     keeps them all), "nobind" pins nothing, "0-3|4-7" gives local rank r the r-th list.
     Call it after the process group exists (policy.setup_distributed): in a process without one
@@ -312,6 +313,7 @@ class VLLMEngine:
     def __init__(self, model_path, dtype, max_model_len, seed, rank, threads, cuda, llm_kwargs):
         for k, v in VLLM_ENV_DEFAULTS.items():
             os.environ.setdefault(k, v)
+        _quiet_known_notices()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine must live in this process
         import vllm
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -589,6 +591,48 @@ def _after_vllm_started(saved_env):
     for k, v in saved_env.items():
         if v is not None:
             os.environ[k] = v
+
+
+# (7) Known, harmless notices of vllm-cpu 0.32.0 and torch 2.13 on this project's path, ~30 lines
+# per start of a 2-rank run: (the logger, a part of the message), each with why it is harmless.
+# Silenced where they are logged, so that a new or unknown warning still shows; TEPO_ALL_WARNINGS=1
+# shows these too.
+KNOWN_NOTICES = (
+    # train.setup puts each rank's RNG states back after the engine starts; every call is seeded
+    ("vllm.engine.arg_utils", "The global random seed is set to"),
+    # (4): whole prompts are prefilled on CPU, on purpose
+    ("vllm.engine.arg_utils", "does not officially support disabling chunked prefill"),
+    # eager mode on CPU, on purpose (make_engine: torch.compile cost 20-40 s and gained nothing)
+    ("vllm.config.vllm", "Enforce eager set, disabling torch.compile"),
+    ("vllm.config.vllm", "Inductor compilation was disabled by user settings"),
+    # no Triton for the CPU: vLLM takes its other kernels and model runner
+    ("vllm.platforms.cpu", "Triton is not installed"),
+    ("vllm.triton_utils.importing", "Triton is installed, but doesn't include CPU backend"),
+    ("vllm.config.vllm", "Model Runner V2 requires Triton"),
+    # the cache of state-space layers: no model here has one
+    ("vllm.platforms.cpu", "Reset SSM cache type to float32"),
+    # speed hints for a vLLM server; this project's CPU figures were measured without them
+    ("vllm.v1.worker.cpu_worker", "is not found in LD_PRELOAD"),
+    # vLLM's start calls its own stub of torch.set_num_threads, which (5) replaces after it
+    ("vllm.v1.worker.cpu_worker", "doesn't allow to use `torch.set_num_threads`"),
+    # a variable vLLM's CPU worker sets itself, seen by the next engine started in the process
+    ("vllm.platforms.interface", "Unknown vLLM environment variable detected: VLLM_DIST_IDENT"),
+)
+
+
+def _quiet_known_notices():
+    """(7) Filter KNOWN_NOTICES out at their loggers (which vLLM's logging setup keeps), and the
+    FutureWarning `torch.distributed.reduce_op` is deprecated, which vLLM's import provokes by
+    looking at every attribute of torch.distributed; unless TEPO_ALL_WARNINGS=1. Once per process."""
+    if os.environ.get("TEPO_ALL_WARNINGS") == "1" or getattr(_quiet_known_notices, "done", False):
+        return
+    import logging
+    import warnings
+    for name, text in KNOWN_NOTICES:
+        logging.getLogger(name).addFilter(lambda record, text=text: text not in record.getMessage())
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                            category=FutureWarning)
+    _quiet_known_notices.done = True
 
 
 def _keep_process_group_on_shutdown():

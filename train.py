@@ -45,7 +45,8 @@ import eval as ev
 from packing import balance_ranks, lockstep_forwards
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
                     cut_back_log, end_distributed, full_tensor, full_weights, load_policy,
-                    load_training_state, run_main, save_checkpoint, set_rng_states, setup_distributed)
+                    load_training_state, resumed_config, run_main, save_checkpoint, set_rng_states,
+                    setup_distributed)
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
@@ -141,9 +142,14 @@ def main(argv=None):
     ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
                     help="continue from the newest checkpoint in out_dir, or from CKPT")
     ap.add_argument("--overwrite", action="store_true",
-                    help="start afresh in an out_dir that holds another run, deleting that run")
+                    help="start afresh (or branch off with --resume CKPT of another out_dir) in an "
+                         "out_dir that holds another run, deleting that run")
+    ap.add_argument("--allow-config-change", action="store_true",
+                    help="--resume with a config that differs from the checkpoint's in what defines "
+                         "the run (recorded in out_dir/config_changes.jsonl)")
     args = ap.parse_args(argv)
-    run = setup(load_config(args.config, args.set), resume=args.resume, overwrite=args.overwrite)
+    run = setup(load_config(args.config, args.set), resume=args.resume, overwrite=args.overwrite,
+                allow_config_change=args.allow_config_change)
     cfg = run.cfg
     if run.eval_rows and run.state.step == 0:
         dropped = {"eval/dropped_long_prompts": run.eval_dropped} if run.eval_dropped else {}
@@ -179,10 +185,12 @@ def main(argv=None):
         tracker.close()
 
 
-def setup(cfg, *, resume, overwrite=False):
+def setup(cfg, *, resume, overwrite=False, allow_config_change=False):
     """Join the process group; read the data; build policy, reference, optimizer and engine;
-    restore a checkpoint if `resume` ("latest" or a path) finds one; prepare out_dir, which a fresh
-    start shares with no other run (`overwrite` deletes one found there). -> Run"""
+    restore a checkpoint if `resume` ("latest" or a path) finds one, with the config it was saved
+    with but for the keys a resume may change (`allow_config_change`: any key); prepare out_dir,
+    which a fresh start or a branch shares with no other run (`overwrite` deletes one found there).
+    -> Run"""
     rank, world, device = setup_distributed()
     if cfg.prompts_per_step % world:
         raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
@@ -196,9 +204,10 @@ def setup(cfg, *, resume, overwrite=False):
     eval_rows, eval_dropped = load_rows(cfg.eval_data, cfg, tokenizer, rank) if cfg.eval_data else ([], 0)
     check_shared_dir(cfg.out_dir, rank, world)
     ckpt = checkpoint_to_resume(cfg.out_dir, resume, overwrite, rank)
-    saved_world = world
+    saved_world, changes = world, {}
     if ckpt:
         saved_world = check_checkpoint(ckpt, model_dir, world)
+        changes = resumed_config(ckpt, cfg, allow_config_change)
         if rank == 0:
             print(f"--resume: from {ckpt}")
         if rank == 0 and saved_world != world:  # e.g. a node lost: go on with the ranks left
@@ -222,8 +231,7 @@ def setup(cfg, *, resume, overwrite=False):
     if rank == 0:
         for name in ("metrics.jsonl", "samples.jsonl"):
             cut_back_log(os.path.join(cfg.out_dir, name), state.step if ckpt else None)
-        with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(config_dict(cfg), f)
+        record_config(cfg, ckpt, state.step, changes)
     eval_rows = eval_rows[:cfg.eval_max_problems or None]
     for row in eval_rows:  # token ids as eval.py gives them to the engine
         row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
@@ -232,6 +240,25 @@ def setup(cfg, *, resume, overwrite=False):
                grader=reward.make_grader(cfg.reward), judge=ev.make_judge(cfg.reward), rows=rows,
                eval_rows=eval_rows, eval_dropped=eval_dropped, state=state,
                trackers=open_trackers(cfg, state.step, resumed=bool(ckpt)) if rank == 0 else [])
+
+
+def record_config(cfg, ckpt, step, changes):
+    """Put the run's config on record in out_dir: config.yaml, the config its records start with
+    (written at step 0, or by a branch into a new out_dir; a resume never rewrites it), and
+    config_changes.jsonl, one line per resume that changed a key: {"step": the checkpoint's step,
+    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}; a resume from
+    step K drops the lines of K and later (of a branch it replaces, or of this resume's first try)."""
+    path, changed = os.path.join(cfg.out_dir, "config.yaml"), os.path.join(cfg.out_dir, "config_changes.jsonl")
+    if not ckpt and os.path.exists(changed):
+        os.remove(changed)
+    if ckpt and os.path.exists(changed):
+        cut_back_log(changed, step - 1)
+    if ckpt and changes:
+        with open(changed, "a") as f:
+            f.write(json.dumps({"step": step, "resumed_from": os.path.realpath(ckpt), "changed": changes}) + "\n")
+    if not ckpt or not os.path.exists(path):
+        with open(path, "w") as f:
+            yaml.safe_dump(config_dict(cfg), f)
 
 
 # ----------------------------------------------------------------------------- 1. sample and grade

@@ -1,8 +1,12 @@
 """A random 2-layer Qwen2 model with Qwen2.5-Math-1.5B's real tokenizer, vocabulary (151,936),
-config.json fields and generation_config.json, for tests of the GPU configurations on CPU.
+config.json fields and generation_config.json, for tests of the GPU configurations on CPU; and where
+the tests find what they need from outside the repository.
 
-The tokenizer files come from ../shared/qwen2.5-math-tokenizer (see its PROVENANCE.md); tests
-that need it skip, naming the folder, when it is absent.
+The data sets (data.py fetch's files, and the raw upstream files it keeps in upstream/) come from
+$TEPO_DATA_DIR, the tokenizer files from $TEPO_QWEN_TOKENIZER; unset, from ../shared/data,
+../shared/upstream and ../shared/qwen2.5-math-tokenizer (see its PROVENANCE.md), which this
+repository's CI puts beside the checkout. Tests that need them skip when they are absent, saying
+what is missing and how to provide it (need_shared).
 """
 import json
 import os
@@ -13,17 +17,25 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
-TOKENIZER_DIR = os.path.join(SHARED, "qwen2.5-math-tokenizer")
-DATA_DIR = os.path.join(SHARED, "data")
+DATA_DIR = os.environ.get("TEPO_DATA_DIR") or os.path.join(SHARED, "data")
+UPSTREAM = os.path.join(DATA_DIR, "upstream") if os.environ.get("TEPO_DATA_DIR") else os.path.join(SHARED, "upstream")
+TOKENIZER_DIR = os.environ.get("TEPO_QWEN_TOKENIZER") or os.path.join(SHARED, "qwen2.5-math-tokenizer")
+TOKENIZER_FILES = ("config.json", "generation_config.json", "vocab.json", "merges.txt", "tokenizer_config.json")
 IM_END = 151645        # <|im_end|>: the chat template's end of turn
 ENDOFTEXT = 151643     # <|endoftext|>: the only eos of config.json and generation_config.json
+HOW = {DATA_DIR: "the eight data sets: `python data.py fetch --out DIR`, then TEPO_DATA_DIR=DIR",
+       UPSTREAM: "the data sets' raw upstream files, which `python data.py fetch --out DIR` keeps in "
+                 "DIR/upstream: TEPO_DATA_DIR=DIR",
+       TOKENIZER_DIR: f"Qwen2.5-Math-1.5B's tokenizer and config files: `hf download Qwen/Qwen2.5-Math-1.5B "
+                      f"{' '.join(TOKENIZER_FILES)} --local-dir DIR`, then TEPO_QWEN_TOKENIZER=DIR"}
 
 
 def need_shared(*paths):
-    """Skip the calling test, with the reason, when ../shared lacks one of `paths`."""
+    """Skip the calling test when one of `paths` (DATA_DIR, UPSTREAM, TOKENIZER_DIR) is absent,
+    saying what it holds and how to provide it."""
     for p in paths:
         if not os.path.exists(p):
-            pytest.skip(f"{p} is absent (../shared is not beside this checkout)")
+            pytest.skip(f"{p} is absent: this test needs {HOW.get(p, p)} (tests/qwen_math.py)")
 
 
 def make_qwen_math_model(path, *, layers=2, hidden=64, heads=2, kv_heads=1, intermediate=128,

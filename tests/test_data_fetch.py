@@ -1,6 +1,7 @@
-"""data.py fetch over real HTTP: ../shared/upstream served by http.server stands in for GitHub's raw
-host; the converted files must equal ../shared/data (converted independently from the same bytes)
-row for row, and every bad input is an error that names it and leaves nothing behind."""
+"""data.py fetch over real HTTP: the upstream files (../shared/upstream, or $TEPO_DATA_DIR/upstream:
+tests/qwen_math.py) served by http.server stand in for GitHub's raw host; the converted files must
+equal ../shared/data (converted independently from the same bytes) row for row, and every bad input
+is an error that names it and leaves nothing behind."""
 import functools
 import hashlib
 import http.server
@@ -15,9 +16,7 @@ import pytest
 
 import data
 from config import UserError
-from qwen_math import DATA_DIR, ROOT, SHARED, need_shared
-
-UPSTREAM = os.path.join(SHARED, "upstream")
+from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, UPSTREAM, need_shared
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -57,6 +56,41 @@ def copy_of(tmp_path, name):
 def files_under(out):
     """Every file under `out`: after an error, none (no converted file, no temporary one)."""
     return [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+
+
+NEEDS_DATA = ["tests/test_data_fetch.py::test_a_converted_file_in_place_is_up_to_date_without_its_raw_file",
+              "tests/test_gpu_path.py::test_the_chat_templates_end_of_turn_stops_sampling"]
+
+
+def pytest_run(env, *tests):
+    """pytest on `tests` in a process of its own with `env` added -> its output, skip reasons shown."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *tests],
+                         cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    return out.stdout + out.stderr
+
+
+def test_the_data_and_tokenizer_come_from_the_environment_or_a_skip_says_how(tmp_path):
+    """Where ../shared is not beside the checkout: a test that needs the data sets or the tokenizer
+    skips saying what it needs and how to provide it (data.py fetch into $TEPO_DATA_DIR, the
+    tokenizer's files into $TEPO_QWEN_TOKENIZER), and runs once they are there. (It said only that
+    ../shared was absent, and nothing else was looked at.)"""
+    need_shared(UPSTREAM, DATA_DIR, TOKENIZER_DIR)
+    absent = {"TEPO_DATA_DIR": str(tmp_path / "none"), "TEPO_QWEN_TOKENIZER": str(tmp_path / "none_tok")}
+    report = pytest_run(absent, *NEEDS_DATA)
+    assert "2 skipped" in report, report
+    assert (f"{tmp_path}/none/upstream is absent: this test needs the data sets' raw upstream files, which "
+            f"`python data.py fetch --out DIR` keeps in DIR/upstream: TEPO_DATA_DIR=DIR") in report, report
+    assert (f"{tmp_path}/none_tok is absent: this test needs Qwen2.5-Math-1.5B's tokenizer and config files: "
+            f"`hf download Qwen/Qwen2.5-Math-1.5B config.json generation_config.json vocab.json merges.txt "
+            f"tokenizer_config.json --local-dir DIR`, then TEPO_QWEN_TOKENIZER=DIR") in report, report
+    data_dir, tok = tmp_path / "data", tmp_path / "tok"  # as data.py fetch and hf download leave them
+    data_dir.mkdir()
+    for f in os.listdir(DATA_DIR):
+        os.symlink(os.path.join(DATA_DIR, f), data_dir / f)
+    os.symlink(UPSTREAM, data_dir / "upstream")
+    os.symlink(TOKENIZER_DIR, tok)
+    report = pytest_run({"TEPO_DATA_DIR": str(data_dir), "TEPO_QWEN_TOKENIZER": str(tok)}, *NEEDS_DATA)
+    assert "2 passed" in report, report
 
 
 def test_every_data_set_fetched_over_http_equals_the_reference_row_for_row(tmp_path, serve):
@@ -180,28 +214,34 @@ def test_a_truncated_body_is_retried_then_refused(tmp_path, serve, monkeypatch):
     mirror, _ = copy_of(tmp_path, "aime24")
     Quiet.hits.clear()
     out = tmp_path / "data"
-    with pytest.raises(UserError, match=r"could not download http://\S+/aime24/test\.jsonl \(.*2 tries\)"):
+    with pytest.raises(UserError, match=r"(?s)could not download 1 of the 1 data files from http://\S+: .*"
+                                        r"aime24/test\.jsonl -> \S+ \(truncated: got 500 of \d+ bytes; 2 tries\)"):
         data.fetch(["aime24"], str(out), mirror=serve(mirror, Truncating))
     assert len(Quiet.hits) == 2
     assert files_under(out) == []
 
 
-def test_server_down_is_one_error_line_naming_the_url_and_where_to_put_the_file(tmp_path):
-    """On the command line: exit 2 and one `error:` line (after the retries, shortened here) with
-    the URL and the path where a file downloaded by hand is taken from; then that file is used."""
+def test_offline_every_missing_file_is_named_in_one_error_and_nothing_is_left(tmp_path):
+    """No host answers: one `error:` line naming the host and --mirror, then each of the eight
+    source URLs with the path where a copy downloaded by hand is taken from; no directory made.
+    (Before: it stopped at the first file, said nothing of --mirror, and left an empty directory.)
+    Then the file placed there is used."""
     need_shared(UPSTREAM)
     out = tmp_path / "data"
     code = ("import sys, data; data.FETCH_TRIES = 2; import time; time.sleep = lambda s: None; "
             "data.main(sys.argv[1:])")
-    run = subprocess.run([sys.executable, "-c", code, "fetch", "aime24", "--out", str(out), "--mirror",
+    run = subprocess.run([sys.executable, "-c", code, "fetch", "--out", str(out), "--mirror",
                           "http://127.0.0.1:9"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1, run.stderr
+    assert len(errors) == 1 and errors[0].startswith("error: could not reach http://127.0.0.1:9 (") and \
+        "8 data file(s) missing" in errors[0] and "--mirror URL" in errors[0], run.stderr
+    for _, repo, commit, path in (s[:4] for s in data.SOURCES.values()):
+        assert f"\n  {data.GITHUB_RAW}/{repo}/{commit}/{path} -> {out / 'upstream' / repo / commit / path}" \
+            in run.stderr, run.stderr
+    assert not out.exists()
     _, repo, commit, path = data.SOURCES["aime24"][:4]
     by_hand = out / "upstream" / repo / commit / path
-    assert f"http://127.0.0.1:9/{repo}/{commit}/{path}" in errors[0] and str(by_hand) in errors[0]
-    assert files_under(out) == []
     by_hand.parent.mkdir(parents=True)
     shutil.copy(os.path.join(UPSTREAM, repo, commit, path), by_hand)
     again = subprocess.run([sys.executable, "data.py", "fetch", "aime24", "--out", str(out), "--mirror",
@@ -211,7 +251,33 @@ def test_server_down_is_one_error_line_naming_the_url_and_where_to_put_the_file(
         [json.loads(ln)["answer"] for ln in open(os.path.join(DATA_DIR, "aime24.jsonl"))]
 
 
-def test_unknown_names_are_refused():
+def test_a_mirror_without_some_files_names_each_and_writes_the_others(tmp_path, serve, monkeypatch):
+    """A host that answers but lacks a file (HTTP 404): the others are still tried and written."""
+    need_shared(UPSTREAM)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    mirror, _ = copy_of(tmp_path, "aime24")
+    out = tmp_path / "data"
+    with pytest.raises(UserError, match=r"could not download 2 of the 3 data files from http://\S+: 2 data "
+                                        r"file\(s\) missing(.|\n)*amc23/test\.jsonl -> \S+ \(HTTP 404 File not "
+                                        r"found; 1 tries\)\n.*gsm8k/test\.jsonl -> \S+ \(HTTP 404"):
+        data.fetch(["amc23", "aime24", "gsm8k"], str(out), mirror=serve(mirror))
+    assert sorted(os.listdir(out)) == ["aime24.jsonl", "upstream"]
+
+
+def test_unknown_names_are_refused_with_fetchs_usage():
+    """fetch's own usage line (it was the top-level one, which does not show NAME or --out)."""
     run = subprocess.run([sys.executable, "data.py", "fetch", "math", "--out", "/nonexistent"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "unknown data set(s) ['math']" in run.stderr
+    assert run.returncode == 2 and run.stderr.startswith("usage: data.py fetch [-h] [--out OUT]"), run.stderr
+    assert "data.py fetch: error: unknown data set(s) ['math']; known: math_train math500 aime24 aime25 " \
+           "amc23 minerva olympiadbench gsm8k (or the stems of their files: minerva_math gsm8k_test)" in run.stderr
+
+
+def test_a_data_set_may_be_named_by_its_files_stem(tmp_path, serve):
+    """minerva_math and gsm8k_test, as eval.py names the files, fetch minerva and gsm8k (they were
+    refused as unknown); a set named twice is fetched once."""
+    need_shared(UPSTREAM)
+    Quiet.hits.clear()
+    data.main(["fetch", "minerva_math", "gsm8k_test", "minerva", "--out", str(tmp_path), "--mirror", serve(UPSTREAM)])
+    assert sorted(os.listdir(tmp_path)) == ["gsm8k_test.jsonl", "minerva_math.jsonl", "upstream"]
+    assert len(Quiet.hits) == 2

@@ -62,6 +62,33 @@ def test_out_of_range_values_are_named(setting, message):
         train.load_config(None, BASE + [setting])
 
 
+def test_a_resume_may_change_only_what_cannot_change_the_run():
+    """config.config_changes splits a resume's changes: what defines the run (lr, method and the
+    values it resolves, a loss key, the data, the seed) from what may change (the steps to run, the
+    evaluation's cadence, the trackers, the micro-batch size); `steps` defines the run when the
+    learning rate follows a cosine over them. A key the saved config lacks counts as its default."""
+    from config import config_changes, config_dict
+    base = train.load_config(None, BASE)
+    saved = yaml.safe_load(yaml.safe_dump(config_dict(base)))
+    assert config_changes(saved, base) == ({}, {})
+    changed = train.load_config(None, BASE + ["lr=2e-6", "method=dapo", "loss.clip_high=0.5", "seed=1",
+                                              "train_data=other", "steps=5", "eval_every=2",
+                                              "loggers=[jsonl, tensorboard]", "micro_batch_tokens=512"])
+    defining, free = config_changes(saved, changed)
+    assert defining == {"seed": [0, 1], "method": ["tepo", "dapo"], "train_data": ["d", "other"],
+                        "lr": [1e-6, 2e-6], "wrong_reward": [0.0, -1.0], "dynamic_sampling": [False, True],
+                        "overlong_buffer": [0, 256], "loss.clip_high": [None, 0.5]}
+    assert free == {"steps": [100, 5], "micro_batch_tokens": [16384, 512], "eval_every": [0, 2],
+                    "loggers": [["jsonl"], ["jsonl", "tensorboard"]]}
+    cosine = train.load_config(None, BASE + ["lr_schedule=cosine"])
+    assert config_changes(yaml.safe_load(yaml.safe_dump(config_dict(cosine))),
+                          train.load_config(None, BASE + ["lr_schedule=cosine", "steps=5"])) == \
+        ({"steps": [100, 5]}, {})
+    del saved["eval_n"], saved["betas"]
+    saved["a_key_since_removed"] = 1
+    assert config_changes(saved, base) == ({}, {})
+
+
 def train_cli(*args, torchrun=False, timeout=300):
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
            if torchrun else [sys.executable]) + [os.path.join(ROOT, "train.py"), *args]
@@ -104,9 +131,50 @@ def test_config_errors_are_one_line_without_traceback(tmp_path, tiny_model_dir):
 
 @pytest.mark.slow
 def test_prompts_per_step_not_divisible_by_the_ranks(tmp_path, tiny_model_dir):
+    """Under torchrun: the line once, on its own line, and again as the last word of torchrun's
+    report (the root cause's `traceback :`), not a link to torch's documentation."""
     cfg, _ = setup_run(tmp_path, tiny_model_dir, "odd", prompts_per_step=3)
     res = train_cli("--config", cfg, torchrun=True)
-    assert_one_line_error(res, "prompts_per_step=3 must divide by the 2 ranks")
+    want = "error: config: prompts_per_step=3 must divide by the 2 ranks"
+    assert_one_line_error(res, want)
+    assert [ln for ln in res.stderr.splitlines() if "error: " in ln and "traceback : " not in ln] == [want]
+    root = res.stderr[res.stderr.index("Root Cause"):]
+    assert f"  traceback : {want}\n=====" in root and "To enable traceback" not in res.stderr, res.stderr[-3000:]
+
+
+FAIL_LIKE_A_RANK = """import os, sys
+sys.path.insert(0, {root!r})
+import policy
+from config import UserError
+def main():
+    raise UserError("config: prompts_per_step=3 must divide by the 2 ranks")
+policy.run_main(main)
+"""
+
+
+def test_under_torchrun_a_bad_input_is_printed_once_and_reported_to_torchrun(tmp_path):
+    """Two ranks fail at once on bad input, writing to one stderr unbuffered (PYTHONUNBUFFERED=1,
+    common in containers): one line, whole; each rank's error file, which torchrun reads, carries
+    it, so that its report ends with the line. (Before: a line per rank, at times glued on one
+    line, and no error file, so torchrun's report ended with a link to its documentation.)"""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_LIKE_A_RANK.format(root=ROOT))
+    attempt, log = tmp_path / "attempt_0", tmp_path / "stderr.txt"
+    with open(log, "ab") as err:
+        procs = []
+        for r in range(2):
+            (attempt / str(r)).mkdir(parents=True)
+            env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "PYTHONUNBUFFERED": "1",
+                   "TORCHELASTIC_ERROR_FILE": str(attempt / str(r) / "error.json")}
+            procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stderr=err, cwd=ROOT))
+        assert [p.wait(timeout=120) for p in procs] == [2, 2]
+    want = "error: config: prompts_per_step=3 must divide by the 2 ranks"
+    assert [ln for ln in log.read_text().splitlines() if "error" in ln] == [want], log.read_text()
+    failures = {r: ProcessFailure(local_rank=r, pid=0, exitcode=2, error_file=str(attempt / str(r) / "error.json"))
+                for r in range(2)}
+    report = str(ChildFailedError("train.py", failures))
+    assert report.rstrip().splitlines()[-2] == f"  traceback : {want}", report
 
 
 # ----------------------------------------------------------------------------- data
@@ -150,14 +218,15 @@ def test_model_directories(tmp_path, tiny_model_dir):
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def fake_checkpoint(path, model_dir, world=2, **config_changes):
+def fake_checkpoint(path, model_dir, world=2, step=2, **config_changes):
     os.makedirs(os.path.join(path, "optim"))
     config = {**json.load(open(os.path.join(model_dir, "config.json"))), **config_changes}
     json.dump(config, open(os.path.join(path, "config.json"), "w"))
     open(os.path.join(path, "optim", ".metadata"), "w").close()
+    open(os.path.join(path, "train_config.yaml"), "w").write("seed: 0\n")
     for r in range(world):
         open(os.path.join(path, f"rng_rank{r}.pt"), "w").close()
-    json.dump({"step": 2}, open(os.path.join(path, "trainer_state.json"), "w"))
+    json.dump({"step": step}, open(os.path.join(path, "trainer_state.json"), "w"))
     return str(path)
 
 
@@ -169,6 +238,10 @@ def test_resume_checks_the_checkpoint(tmp_path, tiny_model_dir):
     with pytest.raises(UserError, match="lacks rng_rank0.pt .incomplete"):
         policy.check_checkpoint(good, tiny_model_dir, 2)
     open(os.path.join(good, "rng_rank0.pt"), "w").close()
+    os.remove(os.path.join(good, "train_config.yaml"))  # the config it was trained with: compared
+    with pytest.raises(UserError, match="lacks train_config.yaml .incomplete"):
+        policy.check_checkpoint(good, tiny_model_dir, 2)
+    open(os.path.join(good, "train_config.yaml"), "w").write("seed: 0\n")
     with pytest.raises(UserError, match="is not a checkpoint .no trainer_state.json"):
         policy.check_checkpoint(str(tmp_path), tiny_model_dir, 2)
     half = fake_checkpoint(tmp_path / "step_000004.tmp", tiny_model_dir)
@@ -209,6 +282,33 @@ def test_a_fresh_start_never_touches_another_runs_out_dir(tmp_path, tiny_model_d
         assert open(os.path.join(out, name), "rb").read() == content, name
 
 
+def test_a_resume_from_another_out_dir_never_touches_the_run_there(tmp_path, tiny_model_dir, monkeypatch):
+    """--resume A/step_000100 with out_dir B, where B holds a run of its own (step_000050 and 61
+    metric lines): one line naming what B holds and how to branch, every file of B as it was. (It
+    used to be accepted: B's metrics went on from its step 60 with A's branch from step 101, and
+    the branch's next save pruned B's step_000050.) Into an empty out_dir the branch goes ahead;
+    with --overwrite, B's run is removed first."""
+    cfg, out_b = setup_run(tmp_path, tiny_model_dir, "B", backend="hf")
+    os.makedirs(os.path.join(out_b, "step_000050"))
+    files = {"step_000050/trainer_state.json": b'{"step": 50}', "notes.txt": b"mine",
+             "metrics.jsonl": b"".join(b'{"step": %d}\n' % i for i in range(61))}
+    for name, content in files.items():
+        with open(os.path.join(out_b, name), "wb") as f:
+            f.write(content)
+    ckpt = fake_checkpoint(tmp_path / "A" / "step_000100", tiny_model_dir, step=100)
+    res = train_cli("--config", cfg, "--resume", ckpt)
+    assert_one_line_error(res, f"--resume {ckpt}: out_dir {out_b} holds another run (1 checkpoint(s) up to "
+                               f"step_000050 and metrics.jsonl with 61 line(s)), which this branch's metrics "
+                               f"would go on from and its saves prune: branch into a new out_dir "
+                               f"(--set out_dir=...)")
+    for name, content in files.items():
+        assert open(os.path.join(out_b, name), "rb").read() == content, name
+    monkeypatch.setattr(policy.dist, "barrier", lambda: None)
+    assert policy.checkpoint_to_resume(str(tmp_path / "new"), ckpt, False, 0) == ckpt
+    assert policy.checkpoint_to_resume(out_b, os.path.join(out_b, "..", "A", "step_000100"), True, 0)
+    assert sorted(os.listdir(out_b)) == ["notes.txt"]
+
+
 def test_pruning_removes_only_older_checkpoints(tmp_path):
     for step in (10, 20, 30, 50, 150):
         os.makedirs(tmp_path / f"step_{step:06d}")
@@ -231,6 +331,41 @@ def test_overwrite_removes_the_earlier_run_then_trains(tmp_path, tiny_model_dir)
     assert sorted(os.listdir(out)) == ["config.yaml", "final", "metrics.jsonl", "notes.txt",
                                        "samples.jsonl", "step_000001"]
     assert [r["step"] for r in metrics(out)] == [1]
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_config_stops_unless_allowed_then_records_the_change(tmp_path, tiny_model_dir):
+    """2 steps, then --resume with lr and method changed: one line naming both keys and values,
+    nothing touched. With --allow-config-change it trains on; config.yaml still holds the config of
+    steps 1-2, and config_changes.jsonl says what changed after step 2. A change of keys that cannot
+    change the run (steps, eval cadence) needs no flag and is recorded too. (It used to run on
+    without a word, config.yaml overwritten by the new config.)"""
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "changed", backend="hf", steps=2, save_every=1)
+    run(cfg)
+    before = {f: open(os.path.join(out, f), "rb").read() for f in ("config.yaml", "metrics.jsonl", "samples.jsonl")}
+    ckpt = os.path.join(out, "step_000002")
+    res = train_cli("--config", cfg, "--resume", "--set", "steps=3", "--set", "lr=1e-4", "--set", "method=grpo")
+    assert_one_line_error(res, f"--resume: the config changes what defines the run of {ckpt}: method 'tepo' -> "
+                               f"'grpo', lr 0.001 -> 0.0001; resume with its values, or pass "
+                               f"--allow-config-change to go on with these after step 2 (recorded in "
+                               f"{out}/config_changes.jsonl)")
+    assert {f: open(os.path.join(out, f), "rb").read() for f in before} == before
+    assert not os.path.exists(os.path.join(out, "config_changes.jsonl"))
+    run(cfg, "--resume", "--set", "steps=3", "--set", "lr=1e-4", "--allow-config-change")
+    run(cfg, "--resume", "--set", "steps=4", "--set", "lr=1e-4", "--set", "eval_every=1")
+    assert open(os.path.join(out, "config.yaml"), "rb").read() == before["config.yaml"]
+    changes = [json.loads(line) for line in open(os.path.join(out, "config_changes.jsonl"))]
+    assert changes == [
+        {"step": 2, "resumed_from": ckpt, "changed": {"lr": [0.001, 0.0001], "steps": [2, 3]}},
+        {"step": 3, "resumed_from": os.path.join(out, "step_000003"),
+         "changed": {"steps": [3, 4], "eval_every": [0, 1]}}]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+    # resumed from step 3 again: the change recorded at step 3 is replaced, the one at 2 stays
+    shutil.rmtree(os.path.join(out, "step_000004"))
+    os.remove(os.path.join(out, "final"))
+    run(cfg, "--resume", "--set", "steps=4", "--set", "lr=1e-4")
+    assert [json.loads(line) for line in open(os.path.join(out, "config_changes.jsonl"))] == [
+        changes[0], {**changes[1], "changed": {"steps": [3, 4]}}]
 
 
 # ----------------------------------------------------------------------------- rewards

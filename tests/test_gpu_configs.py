@@ -1,6 +1,6 @@
 """The GPU configurations, run on CPU: each configs/math1.5b-<method>.yaml as it is, except the
 model (a random 2-layer Qwen2 with Qwen2.5-Math-1.5B's real tokenizer, 151,936-token vocabulary,
-chat template and generation_config), the data (../shared/data's MATH train set and a slice of
+chat template and generation_config), the data (data.py fetch's MATH train set and a slice of
 MATH-500) and the sizes (steps, prompts, tokens). Everything else as configured: the chat
 template, activation checkpointing, bf16 sampling, the method's preset, the evaluation schedule.
 
@@ -13,7 +13,8 @@ The others (drgrpo, gspo; clipcov, whose selection differs from klcov's only ins
 differ from these only inside tepo.policy_loss (aggregation, advantages, the selection's rule),
 which tests/test_tepo.py and tests/test_cov_losses.py check token by token: for them, and for every config, the
 file is loaded as train.py loads it and checked to resolve to its method's preset with the shared
-GPU settings. Skips, with the reason, when ../shared is absent.
+GPU settings. Skips, saying what is missing and how to provide it, without the data sets and the
+tokenizer (tests/qwen_math.py).
 """
 import glob
 import json

@@ -15,7 +15,7 @@ import policy
 import rollout
 import train
 from demo import make_tiny_model
-from qwen_math import ENDOFTEXT, IM_END, TOKENIZER_DIR, make_qwen_math_model
+from qwen_math import ENDOFTEXT, IM_END, TOKENIZER_DIR, make_qwen_math_model, need_shared
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -182,8 +182,7 @@ def test_the_chat_templates_end_of_turn_stops_sampling():
     """Qwen2.5-Math's config and generation_config name only <|endoftext|>; its chat template
     ends turns with <|im_end|>, which must stop a response too."""
     from transformers import AutoTokenizer
-    if not os.path.isdir(TOKENIZER_DIR):
-        pytest.skip(f"{TOKENIZER_DIR} is absent (../shared is not beside this checkout)")
+    need_shared(TOKENIZER_DIR)
     tok = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     assert rollout.chat_end_of_turn_id(tok) == IM_END
     assert rollout._stop_ids(TOKENIZER_DIR, tok) == {ENDOFTEXT, IM_END}

@@ -1,5 +1,5 @@
 """From a clone to the paper's table, on CPU, as README's "Reproduce the paper" runs it on GPUs:
-`data.py fetch` over HTTP (../shared/upstream served locally stands in for GitHub), two RL steps of
+`data.py fetch` over HTTP (the upstream files served locally stand in for GitHub), two RL steps of
 configs/math1.5b-tepo.yaml on the fetched MATH train set (the model replaced by a random 2-layer
 Qwen2 with the real tokenizer, the sizes made small), `eval.py --preset paper` on the first problems
 of each of the seven benchmarks, and `eval.py --table` over the two checkpoints' results.
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 import eval as ev
-from qwen_math import DATA_DIR, ROOT, SHARED, TOKENIZER_DIR, make_qwen_math_model, need_shared
+from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, UPSTREAM, make_qwen_math_model, need_shared
 from test_data_fetch import Quiet, serve  # noqa: F401  (a fixture)
 from test_gpu_configs import SIZES, torchrun
 
@@ -29,9 +29,9 @@ def run(*cmd, timeout=900):
 
 @pytest.mark.slow
 def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
-    need_shared(os.path.join(SHARED, "upstream"), TOKENIZER_DIR, DATA_DIR)
+    need_shared(UPSTREAM, TOKENIZER_DIR, DATA_DIR)
     data = tmp_path / "data"
-    fetched = run("data.py", "fetch", "--out", str(data), "--mirror", serve(os.path.join(SHARED, "upstream")))
+    fetched = run("data.py", "fetch", "--out", str(data), "--mirror", serve(UPSTREAM))
     assert fetched.stdout.count(" rows -> ") == 8 and "math_train: 7470 rows" in fetched.stdout
 
     model = make_qwen_math_model(str(tmp_path / "model"))

@@ -225,3 +225,37 @@ def test_the_trainers_threads_survive(engine):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+START_AN_ENGINE = """import sys
+sys.path.insert(0, {root!r})
+import rollout
+engine = rollout.make_engine({model!r}, backend="vllm", dtype="float32", max_model_len=192, seed=0)
+engine.generate(["1+1="], n=2, max_new_tokens=4, seed=0)
+engine.close()
+"""
+
+
+@pytest.mark.slow
+def test_known_harmless_notices_are_silenced_unless_asked_for(tmp_path, tiny_model_dir):
+    """A vLLM engine's start on CPU logs none of rollout.KNOWN_NOTICES, no vLLM warning at all, and
+    not the FutureWarning of torch.distributed.reduce_op; TEPO_ALL_WARNINGS=1 shows them. (They were
+    ~30 of a 2-rank run's first 46 lines.)"""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "start.py"
+    script.write_text(START_AN_ENGINE.format(root=root, model=tiny_model_dir))
+    logs = {}
+    for name, extra in (("quiet", {}), ("all", {"TEPO_ALL_WARNINGS": "1"})):
+        # VLLM_DIST_IDENT: as an earlier engine of the process (this one's) leaves it
+        env = {**{k: v for k, v in os.environ.items() if k != "TEPO_ALL_WARNINGS"}, "VLLM_DIST_IDENT": "x"}
+        out = subprocess.run([sys.executable, str(script)], env={**env, **extra}, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        logs[name] = out.stdout + out.stderr
+    assert " WARNING " not in logs["quiet"] and "FutureWarning" not in logs["quiet"], logs["quiet"]
+    shown = [text for _, text in rollout.KNOWN_NOTICES if text in logs["all"]]
+    assert len(shown) >= 7 and "reduce_op` is deprecated" in logs["all"], logs["all"]
+    assert [text for text in shown if text in logs["quiet"]] == [], logs["quiet"]
