@@ -403,20 +403,28 @@ def gather(records, world):
 
 # ----------------------------------------------------------------------------- protocol
 
-def protocol(args, plan, results, prompt):
+def rows_digest(rows):
+    """SHA-256 of what an evaluation reads of a benchmark: its problems and answers, in order (the
+    prompt is built from the problem, the grader reads the answer; other keys reach neither). So
+    one data set is one digest however its file is serialised, and any change of a problem, an
+    answer or their order is another."""
+    body = json.dumps([[r["problem"], r["answer"]] for r in rows], ensure_ascii=False)
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def protocol(args, plan, problems, prompt):
     """What must be equal for two results to share a table: the benchmarks with their samples per
-    problem, problem counts and data (the file's SHA-256: another version of a benchmark is another
-    benchmark), sampling, response cap, the prompt (`prompt`: a problem's prompt with the problem
-    left as "{problem}", so the checkpoint's chat template counts too; its SHA-256) and grader (not
-    the seed)."""
-    def sha256(b):
-        return hashlib.sha256(b).hexdigest()
+    problem, problem counts and data (rows_digest of all its rows: another version of a benchmark
+    is another benchmark), sampling, response cap, the prompt (`prompt`: a problem's prompt with
+    the problem left as "{problem}", so the checkpoint's chat template counts too; its SHA-256) and
+    grader (not the seed). `problems`: {benchmark: all its rows}, before --max-problems."""
     return {"preset": args.preset,
-            "benchmarks": {b: {"n": n, "problems": results[b]["problems"],
-                               "sha256": sha256(open(args.files[b], "rb").read())}
+            "benchmarks": {b: {"n": n, "problems": len(problems[b][:args.max_problems]),
+                               "rows_sha256": rows_digest(problems[b])}
                            for b, (n, _) in plan.items()},
             "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
-            "prompt_template": args.template, "prompt_sha256": sha256(prompt.encode("utf-8")),
+            "prompt_template": args.template,
+            "prompt_sha256": hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
             "max_problems": args.max_problems, "grader": args.grader}
 
 
@@ -450,6 +458,8 @@ def main(argv=None):
     problems = {name: data.load_problems(path) for name, path in args.files.items()}
     # n per benchmark by its full size (AIME stays avg@32 when --max-problems cuts it)
     plan = {name: samples_and_ks(args, len(rows)) for name, rows in problems.items()}
+    prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
+    proto = protocol(args, plan, problems, prompt)
     problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]
@@ -488,9 +498,8 @@ def main(argv=None):
     samples_path = os.path.splitext(args.out)[0] + "_samples.jsonl"
     cfg = train_config(args.ckpt)
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
-    prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
-           "protocol": protocol(args, plan, results, prompt),
+           "protocol": proto,
            "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},
                       "k": one([ks for _, ks in plan.values()]) or {b: ks for b, (_, ks) in plan.items()},

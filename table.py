@@ -89,6 +89,9 @@ def write_table(paths, out):
         if not isinstance(result, dict) or "protocol" not in result or "benchmarks" not in result:
             raise UserError(f"--table: {path} records no protocol (not a results.json of this eval.py, "
                             f"or one written before protocols were recorded): evaluate it again")
+        if any("sha256" in b for b in result["protocol"]["benchmarks"].values()):
+            raise UserError(f"--table: {path} records its benchmarks by their files' bytes (an eval.py of "
+                            f"before the digest of the problems and answers read): evaluate it again")
         results.append(result)
     first = results[0]["protocol"]
     for path, result in zip(paths[1:], results[1:]):

@@ -513,3 +513,51 @@ def test_training_evaluates_as_eval_py_does_on_any_number_of_ranks(setup, tmp_pa
                    "--seed", "0", "--out", str(out)])["benchmarks"]["held_out"]
     assert got["accuracy"] == step1["eval/accuracy"]
     assert [got[f"pass@{k}"] for k in (1, 2, 4)] == [step1[f"eval/pass@{k}"] for k in (1, 2, 4)]
+
+
+@pytest.mark.slow
+def test_one_benchmark_in_two_encodings_is_one_protocol_and_other_content_another(setup, tmp_path):
+    """The protocol's digest is of what the evaluation reads (problems and answers, in order), not
+    of the file's bytes: the same rows with other extra keys, key order, escapes and a numeric
+    answer share a table; one answer changed, or two rows swapped, is another protocol."""
+    rows = [{"problem": p, "answer": a} for p, a in PROBLEMS[:3]]
+    encodings = {
+        "plain": [json.dumps(r) for r in rows],
+        "other": [json.dumps({"source": "x", "answer": int(r["answer"]) if r["answer"].isdigit()
+                              else r["answer"], "id": i, "problem": r["problem"]}, ensure_ascii=False,
+                             indent=None, separators=(",", ":")) for i, r in enumerate(rows)],
+        "changed": [json.dumps({**r, "answer": "9" if i == 1 else r["answer"]}) for i, r in enumerate(rows)],
+        "swapped": [json.dumps(r) for r in (rows[1], rows[0], rows[2])]}
+    results = {}
+    for name, lines in encodings.items():
+        f = tmp_path / name / "bench.jsonl"  # one benchmark name: the stem
+        f.parent.mkdir()
+        f.write_text("\n".join(lines) + "\n")
+        out = tmp_path / name / "results.json"
+        ev.main(["--ckpt", setup["ckpt"], "--data", str(f), "-n", "2", "--temperature", "1.0",
+                 "--top-p", "1.0", "--backend", "hf", "--out", str(out)])
+        results[name] = str(out)
+    assert (tmp_path / "plain" / "bench.jsonl").read_bytes() != (tmp_path / "other" / "bench.jsonl").read_bytes()
+    proto = {name: json.load(open(path))["protocol"] for name, path in results.items()}
+    assert proto["plain"] == proto["other"]  # what --table compares
+    for name in ("changed", "swapped"):
+        assert [k for k in proto["plain"] if proto[name][k] != proto["plain"][k]] == ["benchmarks"], name
+
+
+def test_the_table_refuses_results_that_digest_files_by_their_bytes(tmp_path):
+    """A results.json of before records each benchmark file's bytes, which the table cannot compare
+    with a digest of the rows read: it says so, and what to do."""
+    proto = {"preset": None, "benchmarks": {"math500": {"n": 4, "problems": 2, "sha256": "ab" * 32}},
+             "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64, "prompt_template": None,
+             "max_problems": None, "grader": "rule"}
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0]}, protocol=proto)
+    with pytest.raises(ev.UserError, match=r"a\.json records its benchmarks by their files' bytes .*: evaluate it again"):
+        table.write_table([a], str(tmp_path / "t.md"))
+
+
+def test_the_data_digest_is_of_problems_and_answers_in_order():
+    rows = [{"problem": "1+1?", "answer": "2", "source": "a"}, {"problem": "2+2?", "answer": "4"}]
+    same = [{"answer": "2", "problem": "1+1?", "level": 3}, {"problem": "2+2?", "answer": "4"}]
+    assert ev.rows_digest(rows) == ev.rows_digest(same)
+    assert ev.rows_digest(rows) != ev.rows_digest(rows[::-1])
+    assert ev.rows_digest(rows) != ev.rows_digest([rows[0], {"problem": "2+2?", "answer": "5"}])

@@ -7,7 +7,6 @@ of each of the seven benchmarks, and `eval.py --table` over the two checkpoints'
 This also stands for tepo in tests/test_gpu_configs.py's dry runs (the tepo config, trained and
 evaluated); grpo and dapo run there.
 """
-import hashlib
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import sys
 import pytest
 
 import eval as ev
+from data import load_problems
 from qwen_math import DATA_DIR, ROOT, SHARED, TOKENIZER_DIR, make_qwen_math_model, need_shared
 from test_data_fetch import Quiet, serve  # noqa: F401  (a fixture)
 from test_gpu_configs import SIZES, torchrun
@@ -60,8 +60,13 @@ def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
     assert (p["preset"], p["temperature"], p["top_p"], p["max_new_tokens"], p["max_problems"]) == \
         ("paper", 0.6, 0.95, 12, 2)
     assert got["benchmarks"]["aime24"]["n"] == 32 and got["benchmarks"]["gsm8k"]["k"] == [1, 4]
-    digest = hashlib.sha256(open(data / "math500.jsonl", "rb").read()).hexdigest()
-    assert p["benchmarks"]["math500"]["sha256"] == digest and len(p["prompt_sha256"]) == 64
+    # the digest is of the rows read: data.py fetch's files and ../shared/data's, serialised
+    # otherwise with other extra keys, are one protocol
+    for b, f in ev.BENCHMARKS.items():
+        digest = ev.rows_digest(load_problems(str(data / f)))
+        assert p["benchmarks"][b]["rows_sha256"] == digest == ev.rows_digest(load_problems(os.path.join(DATA_DIR, f)))
+    assert any((data / f).read_bytes() != open(os.path.join(DATA_DIR, f), "rb").read() for f in ev.BENCHMARKS.values())
+    assert len(p["prompt_sha256"]) == 64
 
     table = tmp_path / "table.md"
     run("eval.py", "--table", *results, "--out", str(table))
