@@ -63,6 +63,17 @@ import table
 BENCHMARKS = {"math500": "math500.jsonl", "aime24": "aime24.jsonl", "aime25": "aime25.jsonl",
               "amc23": "amc23.jsonl", "minerva": "minerva_math.jsonl",
               "olympiadbench": "olympiadbench.jsonl", "gsm8k": "gsm8k_test.jsonl"}
+# The rows_digest of each benchmark as `data.py fetch` writes it (and ../shared/data holds it):
+# under a preset, other rows in --data-dir modify the protocol, so the paper's numbers are not shown
+# beside them.
+BENCHMARK_ROWS = {
+    "math500": "cc976e62f0457b6e026bf188f8a6f3d8c00675baaf63cf54c8a2c311b096118b",
+    "aime24": "c3ce2fba1d9e4beaa9a13f9ec0048023a9aee3ffe7cde219fc447f61b6fa4679",
+    "aime25": "aea363f59973845287a6116c2a5ab8e8e4715d44e29f623bc4f01ea51138aeb2",
+    "amc23": "112be57859252dfaf4dda719ef70410dfef150871d1e6b3b27faa3dbe4cefde5",
+    "minerva": "a1e9ef81802872c113ecd534d3f334474f4aa3433bd40fb73fedee0f5ec9b25e",
+    "olympiadbench": "375706f56830f60224886d39faf8fb1073a411989c67d67259991922d93fc41f",
+    "gsm8k": "bb3478cc4e1038476525262658917d04d96e1ad4c9d88de7c93690219a9ce7a9"}
 DEFAULT_K = (1, 8, 16)
 # Named protocols (--preset). "paper": the one of this line of work's tables for Qwen2.5-Math
 # (SimpleRL-Zoo, Dr.GRPO, the TEPO paper's seven benchmarks): avg@32 on the benchmarks of under 100
@@ -250,6 +261,7 @@ def parse_args(argv=None):
         ap.error("--ckpt is required (or --table RESULTS ...)")
     preset = PRESETS.get(args.preset, {})
     given = {k: v for k, v in vars(args).items() if v is not None}
+    args.given = given  # the flags given, for preset_overrides
     for key in ("temperature", "top_p", "max_new_tokens", "prompt_template"):
         if key not in given and key in preset:
             setattr(args, key, preset[key])
@@ -412,12 +424,47 @@ def rows_digest(rows):
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
 
 
+def preset_overrides(args, plan, problems):
+    """The ways this evaluation departs from its preset, each as the flag that made it ("--data
+    held_out.jsonl", "--temperature 1.0", "--data-dir d (other rows of math500)"), in flag order;
+    [] when it is the preset unmodified, or without a preset. The table shows the paper's reported
+    numbers only beside an unmodified paper protocol, and names these in its protocol line."""
+    preset = PRESETS.get(args.preset)
+    if not preset:
+        return []
+    out = []
+    if args.data:
+        out.append("--data " + " ".join(args.data))
+    elif list(plan) != preset["benchmarks"]:
+        out.append(f"--benchmarks {','.join(plan)}")
+    other = [b for b in plan if b in BENCHMARK_ROWS and rows_digest(problems[b]) != BENCHMARK_ROWS[b]
+             and b not in [os.path.splitext(os.path.basename(f))[0] for f in args.data]]
+    if other:
+        out.append(f"--data-dir {args.data_dir} (other rows of {', '.join(other)})")
+    rule = preset["n"] if isinstance(preset["n"], dict) else {"below_100": preset["n"], "else": preset["n"]}
+    if args.greedy and not preset.get("greedy", False):
+        out.append("--greedy")
+    elif any(n != rule["below_100" if len(problems[b]) < 100 else "else"] for b, (n, _) in plan.items()):
+        out.append(f"-n {args.n}")
+    for flag, key in (("--temperature", "temperature"), ("--top-p", "top_p"),
+                      ("--max-new-tokens", "max_new_tokens"), ("--prompt-template", "prompt_template")):
+        if key in args.given and args.given[key] != preset.get(key) and not (
+                args.greedy and key in ("temperature", "top_p")):  # --greedy's, named above
+            out.append(f"{flag} {args.given[key]!r}" if key == "prompt_template" else f"{flag} {args.given[key]}")
+    if args.max_problems is not None:
+        out.append(f"--max-problems {args.max_problems}")
+    if args.grader != "rule":
+        out.append(f"--grader {args.grader}")
+    return out
+
+
 def protocol(args, plan, problems, prompt):
     """What must be equal for two results to share a table: the benchmarks with their samples per
     problem, problem counts and data (rows_digest of all its rows: another version of a benchmark
     is another benchmark), sampling, response cap, the prompt (`prompt`: a problem's prompt with
     the problem left as "{problem}", so the checkpoint's chat template counts too; its SHA-256) and
-    grader (not the seed). `problems`: {benchmark: all its rows}, before --max-problems."""
+    grader (not the seed); and the preset's overrides (preset_overrides), which follow from the
+    rest. `problems`: {benchmark: all its rows}, before --max-problems."""
     return {"preset": args.preset,
             "benchmarks": {b: {"n": n, "problems": len(problems[b][:args.max_problems]),
                                "rows_sha256": rows_digest(problems[b])}
@@ -425,7 +472,8 @@ def protocol(args, plan, problems, prompt):
             "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
             "prompt_template": args.template,
             "prompt_sha256": hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
-            "max_problems": args.max_problems, "grader": args.grader}
+            "max_problems": args.max_problems, "grader": args.grader,
+            "overrides": preset_overrides(args, plan, problems)}
 
 
 # ----------------------------------------------------------------------------- main

@@ -4,8 +4,8 @@
 
 It reads results.json files (eval.py writes one per evaluation, with the protocol it used) and
 never a model: a row per run, a row of the mean over seeds of each method, the paper's reported
-numbers as a reference row under the paper protocol; Markdown, and CSV beside it. It refuses to
-put two protocols side by side, or two results of one run.
+numbers as a reference row under the paper protocol unmodified; Markdown, and CSV beside it. It
+refuses to put two protocols side by side, or two results of one run.
   run_cells, seed_cells  a run's cells, and a method's over its seeds (Student's t: t975)
   write_table            the check of the protocols, the rows, the Markdown and the CSV
 Not here: how a protocol is recorded (eval.protocol), nor any sampling or grading (eval.py).
@@ -74,8 +74,9 @@ def write_table(paths, out):
 
     A row per run (method, seed, checkpoint); for each method and checkpoint name (step_000500)
     with runs of two or more seeds, a row of their mean with its interval over seeds; then, under
-    the paper preset, the paper's reported numbers, marked as a reference: they come from the
-    paper's own protocol (beside other benchmarks they would only mislead).
+    the paper preset unmodified, the paper's reported numbers, marked as a reference: they come
+    from the paper's own protocol (beside other benchmarks, settings or data they would only
+    mislead). The protocol line names the preset's overrides.
     -> the Markdown text."""
     results = []
     for path in paths:
@@ -121,7 +122,10 @@ def write_table(paths, out):
         if len(runs) > 1:
             rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
                          seed_cells([cells for _, cells in runs.values()])))
-    for method, numbers in PAPER_REPORTED.items() if first["preset"] == "paper" else ():
+    # An override (another data set, temperature, cap, problem count...) would make them a false
+    # comparison; a results.json without the record of its overrides gets no reference row either.
+    for method, numbers in PAPER_REPORTED.items() if first["preset"] == "paper" and first.get("overrides") == [] \
+            else ():
         rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
                      {c: (numbers[c], None) for c in cols if c in numbers}))
 
@@ -134,7 +138,8 @@ def write_table(paths, out):
     ns = [f"{b} {v['n']}" for b, v in p["benchmarks"].items()]
     ns = ", ".join(ns) if len({v["n"] for v in p["benchmarks"].values()}) > 1 else ns[0].split()[-1]
     lines = [f"Accuracy (avg@n, %) with 95% intervals: over problems and samples for a run, over seeds "
-             f"for a method's mean (Student's t). Protocol: {p['preset'] or 'custom'}; n = {ns}; "
+             f"for a method's mean (Student's t). Protocol: {p['preset'] or 'custom'}"
+             + (f", modified by {', '.join(p['overrides'])}" if p.get("overrides") else "") + f"; n = {ns}; "
              f"T {p['temperature']}, top_p {p['top_p']}, up to {p['max_new_tokens']} response tokens"
              + (f"; the first {p['max_problems']} problems of each benchmark" if p["max_problems"] else "")
              + ". n/r: not reported.", "",

@@ -202,7 +202,7 @@ def fake_result(path, method, seed, accs, protocol=None, step="step_000100"):
     proto = protocol or {"preset": "paper", "benchmarks": {b: {"n": 4, "problems": len(v)}
                                                            for b, v in accs.items()},
                          "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 3072,
-                         "prompt_template": None, "max_problems": None, "grader": "rule"}
+                         "prompt_template": None, "max_problems": None, "grader": "rule", "overrides": []}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"ckpt": f"/runs/{method}-s{seed}/{step}", "method": method, "seed": seed,
@@ -243,6 +243,45 @@ def test_the_papers_numbers_stand_beside_the_paper_protocol_only(tmp_path):
     a = fake_result(tmp_path / "a.json", "tepo", 0, {"held_out": [1, 0.5]}, protocol=custom)
     text = table.write_table([a], str(tmp_path / "table.md"))
     assert "as reported by the TEPO paper" not in text and "| tepo (seed 0, tepo-s0/step_000100) |" in text
+
+
+def overrides(argv):
+    """preset_overrides of the evaluation `argv` would run, as eval.main computes them."""
+    import data
+    a = ev.parse_args(argv)
+    problems = {b: data.load_problems(f) for b, f in a.files.items()}
+    return ev.preset_overrides(a, {b: ev.samples_and_ks(a, len(rows)) for b, rows in problems.items()}, problems)
+
+
+def test_a_preset_modified_names_each_flag_that_modified_it(fake_ckpt, tmp_path):
+    from qwen_math import DATA_DIR, need_shared
+    need_shared(DATA_DIR)
+    ckpt, data = fake_ckpt
+    paper = ["--ckpt", ckpt, "--preset", "paper", "--data-dir", DATA_DIR]
+    assert overrides(paper) == [] and overrides(paper + ["--temperature", "0.6", "--top-p", "0.95"]) == []
+    assert overrides(paper + ["-n", "4"]) == ["-n 4"]  # avg@4 on AIME too
+    assert overrides(paper + ["--data", f"{data}/mine.jsonl", "--temperature", "1.0", "--max-new-tokens",
+                              "64", "--max-problems", "2", "--top-p", "0.95"]) == \
+        [f"--data {data}/mine.jsonl", "--temperature 1.0", "--max-new-tokens 64", "--max-problems 2"]
+    assert overrides(paper + ["--benchmarks", "math500,aime24", "-n", "8", "--grader", "rule",
+                              "--prompt-template", "Q {problem}"]) == \
+        ["--benchmarks math500,aime24", "-n 8", "--prompt-template 'Q {problem}'"]
+    assert overrides(paper + ["--greedy", "--max-new-tokens", "3072"]) == ["--greedy"]
+    # the seven benchmarks in another data dir: a row changed is named, the same rows are not
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in ev.BENCHMARKS.values():
+        rows = [json.loads(line) for line in open(os.path.join(DATA_DIR, f))]
+        if f == "amc23.jsonl":
+            rows[3]["answer"] = "12345"
+        (other / f).write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n"
+                                       for r in rows))
+    assert overrides(["--ckpt", ckpt, "--preset", "paper", "--data-dir", str(other)]) == \
+        [f"--data-dir {other} (other rows of amc23)"]
+    quick = ["--ckpt", ckpt, "--preset", "quick", "--data-dir", DATA_DIR, "--benchmarks", "math500"]
+    assert overrides(quick + ["--greedy"]) == ["--benchmarks math500"]
+    assert overrides(quick + ["--temperature", "0.6"]) == ["--benchmarks math500", "--temperature 0.6"]
+    assert overrides(["--ckpt", ckpt, "--data-dir", DATA_DIR, "--benchmarks", "math500"]) == []  # no preset
 
 
 def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
@@ -553,6 +592,20 @@ def test_the_table_refuses_results_that_digest_files_by_their_bytes(tmp_path):
     a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0]}, protocol=proto)
     with pytest.raises(ev.UserError, match=r"a\.json records its benchmarks by their files' bytes .*: evaluate it again"):
         table.write_table([a], str(tmp_path / "t.md"))
+
+
+@pytest.mark.slow
+def test_the_papers_numbers_are_not_shown_beside_a_modified_paper_protocol(setup, tmp_path):
+    """`--preset paper --data FILE --temperature 1.0 --max-new-tokens 24`: a held-out set at other
+    settings, which the paper's reported row would be falsely compared with. No reference row, and
+    the protocol line names every override."""
+    out = tmp_path / "results.json"
+    ev.main(["--ckpt", setup["ckpt"], "--preset", "paper", "--data", setup["bench"], "--temperature", "1.0",
+             "--max-new-tokens", "24", "--max-problems", "2", "--backend", "hf", "--out", str(out)])
+    text = table.write_table([str(out)], str(tmp_path / "table.md"))
+    assert "as reported by the TEPO paper" not in text, text
+    assert (f"Protocol: paper, modified by --data {setup['bench']}, --temperature 1.0, --max-new-tokens 24, "
+            f"--max-problems 2; n = 32;") in text
 
 
 def test_the_data_digest_is_of_problems_and_answers_in_order():
