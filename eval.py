@@ -547,6 +547,7 @@ def main(argv=None):
     cfg = train_config(args.ckpt)
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
+           "train_config": cfg,  # table.py averages seeds of one configuration only
            "protocol": proto,
            "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},

@@ -3,10 +3,11 @@
     python eval.py --table runs/*/step_000500/eval/results.json --out table.md   # and table.csv
 
 It reads results.json files (eval.py writes one per evaluation, with the protocol it used) and
-never a model: a row per run, a row of the mean over seeds of each method, the paper's reported
-numbers as a reference row under the paper protocol unmodified; Markdown, and CSV beside it. It
-refuses to put two protocols side by side, or two results of one run.
-  run_cells, seed_cells  a run's cells, and a method's over its seeds (Student's t: t975)
+never a model: a row per run, a row of the mean over the seeds of each training configuration,
+the paper's reported numbers as a reference row under the paper protocol unmodified; Markdown, and
+CSV beside it. It refuses to put two protocols side by side, or two results of one run.
+  run_cells, seed_cells  a run's cells, and a configuration's over its seeds (Student's t: t975)
+  configuration, config_names  which runs are seeds of one configuration, and its name
   write_table            the check of the protocols, the rows, the Markdown and the CSV
 Not here: how a protocol is recorded (eval.protocol), nor any sampling or grading (eval.py).
 """
@@ -59,7 +60,8 @@ def run_cells(result):
 
 
 def seed_cells(runs):
-    """{column: (mean %, Student's t 95% half-width over the runs)} of several runs of one method."""
+    """{column: (mean %, Student's t 95% half-width over the runs)} of several seeds of one
+    configuration."""
     out = {}
     for col in runs[0]:
         vals = [r[col][0] for r in runs]
@@ -69,11 +71,43 @@ def seed_cells(runs):
     return out
 
 
+# What tells the runs of one configuration apart: its seed and where it is written (wandb_run_name
+# names a run as out_dir does). Runs whose training configs are equal but for these are seeds of one
+# configuration, and only those are averaged: a method's name alone would merge grpo with grpo and
+# an entropy bonus, or the runs of a learning-rate sweep.
+RUN_KEYS = ("seed", "out_dir", "wandb_run_name")
+
+
+def configuration(cfg):
+    """A training config (train_config.yaml, as results.json records it) without RUN_KEYS, its
+    `loss` overrides as loss.<key>: equal for the seeds of one configuration."""
+    out = {k: v for k, v in cfg.items() if k not in RUN_KEYS and k != "loss"}
+    out.update({f"loss.{k}": v for k, v in (cfg.get("loss") or {}).items()})
+    return out
+
+
+def config_names(configs):
+    """A name per configuration (configuration() dicts; None for a model without a training config):
+    its method and the settings in which the configurations of that method in the table differ
+    ("grpo, loss.entropy_coef=0.001" beside "grpo, loss.entropy_coef=default", a key left unset)."""
+    names = []
+    for c in configs:
+        if c is None:
+            names.append(None)
+            continue
+        same = [o for o in configs if o is not None and o.get("method") == c.get("method")]
+        keys = sorted(k for k in set().union(*same)
+                      if len({json.dumps([k in o, o.get(k)], sort_keys=True) for o in same}) > 1)
+        names.append(", ".join([str(c.get("method") or "?")] + [f"{k}={c.get(k, 'default')}" for k in keys]))
+    return names
+
+
 def write_table(paths, out):
     """The Markdown table of several results.json (one protocol) at `out`, and a CSV beside it.
 
-    A row per run (method, seed, checkpoint); for each method and checkpoint name (step_000500)
-    with runs of two or more seeds, a row of their mean with its interval over seeds; then, under
+    A row per run (its configuration's name, seed, checkpoint); for each configuration (training
+    configs equal but for RUN_KEYS) and checkpoint name (step_000500) with runs of two or more
+    seeds, a row of their mean with its interval over seeds; then, under
     the paper preset unmodified, the paper's reported numbers, marked as a reference: they come
     from the paper's own protocol (beside other benchmarks, settings or data they would only
     mislead). The protocol line names the preset's overrides.
@@ -104,23 +138,23 @@ def write_table(paths, out):
                             f"against {[first.get(k) for k in keys]}); evaluate both with the same --preset")
     cols = list(first["benchmarks"]) + ["avg"]
     rows = []  # (label, kind, {col: (value, half or None)})
-    by_method = {}
-    for path, result in zip(paths, results):
-        method = result.get("method") or "?"
-        ckpt = result.get("ckpt") or path
+    configs = [configuration(r["train_config"]) if r.get("train_config") else None for r in results]
+    groups = {}  # (configuration, checkpoint name) -> {seed: (path, cells)}; a model without one alone
+    for path, result, config, name in zip(paths, results, configs, config_names(configs)):
+        ckpt, seed = result.get("ckpt") or path, result.get("seed")
         where = os.path.join(os.path.basename(os.path.dirname(ckpt)), os.path.basename(ckpt))
-        label = f"{method} (seed {result.get('seed')}, {where})"
         cells = run_cells(result)
-        rows.append((label, "run", cells))
-        runs = by_method.setdefault((method, os.path.basename(ckpt)), {})
-        if result.get("seed") in runs:  # the mean over seeds would count it once, silently
-            raise UserError(f"--table: {path} is a second result of {method}, seed {result.get('seed')}, "
-                            f"{os.path.basename(ckpt)} ({runs[result.get('seed')][0]} is the first): give "
-                            f"one results.json per run")
-        runs[result.get("seed")] = (path, cells)
-    for (method, step), runs in by_method.items():
+        rows.append((f"{name} (seed {seed}, {where})" if name else f"{where} (no training config)", "run", cells))
+        key = json.dumps(config, sort_keys=True) if config is not None else os.path.abspath(ckpt)
+        runs = groups.setdefault((key, name, os.path.basename(ckpt)), {})
+        if seed in runs:  # the mean over seeds would count it once, silently
+            raise UserError(f"--table: {path} is a second result of {name or where}, seed {seed}, "
+                            f"{os.path.basename(ckpt)} ({runs[seed][0]} is the first): give one results.json "
+                            f"per run")
+        runs[seed] = (path, cells)
+    for (_, name, step), runs in groups.items():
         if len(runs) > 1:
-            rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
+            rows.append((f"{name}, {step}: mean of {len(runs)} seeds", "seeds",
                          seed_cells([cells for _, cells in runs.values()])))
     # An override (another data set, temperature, cap, problem count...) would make them a false
     # comparison; a results.json without the record of its overrides gets no reference row either.

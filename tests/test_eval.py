@@ -192,8 +192,9 @@ def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
         ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "paper"])
 
 
-def fake_result(path, method, seed, accs, protocol=None, step="step_000100"):
-    """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize."""
+def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run=None, **settings):
+    """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize,
+    of the checkpoint /runs/<run>/<step> (run: method-s<seed>) trained with `settings`."""
     benchmarks = {}
     for name, per_problem in accs.items():
         records = [{"samples": [{"tokens": 1, "finish_reason": "stop"}], "metrics": {"accuracy": a}}
@@ -205,7 +206,10 @@ def fake_result(path, method, seed, accs, protocol=None, step="step_000100"):
                          "prompt_template": None, "max_problems": None, "grader": "rule", "overrides": []}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"ckpt": f"/runs/{method}-s{seed}/{step}", "method": method, "seed": seed,
+        run = run or f"{method}-s{seed}"
+        json.dump({"ckpt": f"/runs/{run}/{step}", "method": method, "seed": seed,
+                   "train_config": {"method": method, "seed": seed, "out_dir": f"/runs/{run}", "lr": 1e-6,
+                                    "loss": {}, **settings},
                    "protocol": proto, "benchmarks": benchmarks}, f)
     return str(path)
 
@@ -282,6 +286,31 @@ def test_a_preset_modified_names_each_flag_that_modified_it(fake_ckpt, tmp_path)
     assert overrides(quick + ["--greedy"]) == ["--benchmarks math500"]
     assert overrides(quick + ["--temperature", "0.6"]) == ["--benchmarks math500", "--temperature 0.6"]
     assert overrides(["--ckpt", ckpt, "--data-dir", DATA_DIR, "--benchmarks", "math500"]) == []  # no preset
+
+
+def test_the_table_averages_the_seeds_of_one_training_configuration_only(tmp_path):
+    """grpo seed 0 and grpo with an entropy bonus seed 1 share a method, not a configuration: two
+    rows named apart, no mean (it was 'grpo, final: mean of 2 seeds'); at equal seeds both are
+    shown (the second was refused as a second result of one run). Seeds of one configuration,
+    written to other out_dirs, are averaged; the runs of an lr sweep are not."""
+    grpo = fake_result(tmp_path / "a.json", "grpo", 0, {"math500": [1, 1]}, step="final", run="grpo-s0")
+    ent = fake_result(tmp_path / "b.json", "grpo", 1, {"math500": [0, 0]}, step="final", run="grpo-ent-s1",
+                      loss={"entropy_coef": 0.001})
+    ent0 = fake_result(tmp_path / "c.json", "grpo", 0, {"math500": [0, 1]}, step="final", run="grpo-ent-s0",
+                       loss={"entropy_coef": 0.001})
+    text = table.write_table([grpo, ent], str(tmp_path / "t.md"))
+    assert "mean of" not in text
+    assert "| grpo, loss.entropy_coef=default (seed 0, grpo-s0/final) | 100.00" in text
+    assert "| grpo, loss.entropy_coef=0.001 (seed 1, grpo-ent-s1/final) | 0.00" in text
+    text = table.write_table([grpo, ent0, ent], str(tmp_path / "t.md"))
+    assert "| **grpo, loss.entropy_coef=0.001, final: mean of 2 seeds** | 25.00 ± " in text
+    assert text.count("mean of") == 1
+    sweep = [fake_result(tmp_path / f"lr{i}.json", "tepo", 0, {"math500": [1, 0]}, run=f"tepo-lr{i}", lr=lr)
+             for i, lr in enumerate((1e-6, 2e-6))]
+    sweep.append(fake_result(tmp_path / "lr0s1.json", "tepo", 1, {"math500": [1, 1]}, run="tepo-lr0-s1"))
+    text = table.write_table(sweep, str(tmp_path / "t.md"))
+    assert "| tepo, lr=2e-06 (seed 0, tepo-lr1/step_000100) |" in text
+    assert "| **tepo, lr=1e-06, step_000100: mean of 2 seeds** | 75.00 ± " in text and text.count("mean of") == 1
 
 
 def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
@@ -433,6 +462,7 @@ def test_end_to_end_results_agree_with_a_regrade_of_the_samples(setup, run0):
     cfg = saved["config"]
     assert cfg["prompt_template"] == TEMPLATE and cfg["max_new_tokens"] == 24    # the checkpoint's
     assert cfg["n"] == 4 and cfg["k"] == [1, 2, 4] and cfg["max_model_len"] == 256
+    assert saved["train_config"] == {"prompt_template": TEMPLATE, "max_new_tokens": 24, "seed": 0}
     m = saved["benchmarks"]["fx"]
     for key in ["problems", "n", "accuracy", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2",
                 "maj@4", "mean_response_tokens", "truncation_rate", "prompt_too_long"]:
