@@ -252,7 +252,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--chunk-size", type=int, help="problems per generate call of a rank "
                                                    "(default: ceil(1024 / n)); not part of the seed")
-    ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json)")
+    ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json; results of another "
+                                  "protocol there are not replaced)")
     args = ap.parse_args(argv)
     if args.table:
         args.out = args.out or "table.md"
@@ -476,6 +477,25 @@ def protocol(args, plan, problems, prompt):
             "overrides": preset_overrides(args, plan, problems)}
 
 
+def keep_other_protocol(out, proto):
+    """Refuse, before any sampling, to replace the results at `out` (--out; by default one per
+    checkpoint) when they were evaluated under another protocol than `proto`: an evaluation with
+    other settings must not destroy the earlier one. The same protocol again replaces them."""
+    if not os.path.exists(out):
+        return
+    try:
+        with open(out) as f:
+            earlier = json.load(f).get("protocol")
+    except (OSError, ValueError, AttributeError):  # not JSON, or not an object
+        earlier = None
+    if earlier != proto:
+        keys = sorted(k for k in set(earlier or {}) | set(proto) if (earlier or {}).get(k) != proto.get(k))
+        what = f"an evaluation under another protocol (it differs in {', '.join(keys)})" if earlier \
+            else "something that is not a results.json of this eval.py"
+        raise UserError(f"{out} holds {what}, which this evaluation would replace: give --out another "
+                        f"file (or remove it to replace it)")
+
+
 # ----------------------------------------------------------------------------- main
 
 def print_table(results):
@@ -508,6 +528,7 @@ def main(argv=None):
     plan = {name: samples_and_ks(args, len(rows)) for name, rows in problems.items()}
     prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
     proto = protocol(args, plan, problems, prompt)
+    keep_other_protocol(args.out, proto)
     problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]

@@ -340,6 +340,25 @@ def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp
     assert run.returncode == 2 and run.stderr.startswith("error: --table:") and "another protocol" in run.stderr
 
 
+def test_an_evaluation_under_another_protocol_does_not_replace_the_earlier_one(tiny_model_dir, tmp_path):
+    """The default --out is one per checkpoint: an evaluation with other settings stops at start,
+    naming --out, and the earlier results stay as they were (they were overwritten silently)."""
+    import shutil
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    earlier = fake_result(ckpt / "eval" / "results.json", "tepo", 0, {"math500": [1, 0]})
+    before = open(earlier).read()
+    with pytest.raises(ev.UserError, match=r"eval/results\.json holds an evaluation under another protocol "
+                                           r"\(it differs in benchmarks, .*temperature.*\), .*give --out another file"):
+        ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--temperature", "1.0", "--backend", "hf"])
+    assert open(earlier).read() == before and not (ckpt / "eval" / "results_samples.jsonl").exists()
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]")
+    with pytest.raises(ev.UserError, match=r"other\.json holds something that is not a results\.json"):
+        ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--backend", "hf", "--out", str(other)])
+
+
 def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
     ckpt, data = fake_ckpt
     err = cli_error(capsys, ["--ckpt", str(tmp_path / "nope"), "--data-dir", data])
