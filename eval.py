@@ -220,8 +220,8 @@ def parse_args(argv=None):
                                                               "settings yield to the flags given")
     ap.add_argument("--max-problems", type=int, help="only the first N problems of each benchmark "
                                                      "(a smoke test; recorded in the protocol)")
-    ap.add_argument("--table", nargs="+", metavar="RESULTS", help="write the table of these "
-                    "results.json files (--out, default table.md, and a .csv beside it) and stop")
+    ap.add_argument("--table", nargs="+", metavar="RESULTS", help="print the table of these "
+                    "results.json files (with --out FILE.md, also write it and a .csv beside it) and stop")
     ap.add_argument("--benchmarks", help="comma-separated names (default: all of BENCHMARKS, or "
                                          "none when --data is given)")
     ap.add_argument("--data-dir", default=os.environ.get("TEPO_DATA_DIR", "data"),
@@ -253,10 +253,9 @@ def parse_args(argv=None):
     ap.add_argument("--chunk-size", type=int, help="problems per generate call of a rank "
                                                    "(default: ceil(1024 / n)); not part of the seed")
     ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json; results of another "
-                                  "protocol there are not replaced)")
+                                  "protocol there are not replaced); with --table: the table's .md")
     args = ap.parse_args(argv)
     if args.table:
-        args.out = args.out or "table.md"
         return args
     if not args.ckpt:
         ap.error("--ckpt is required (or --table RESULTS ...)")

@@ -102,8 +102,9 @@ def config_names(configs):
     return names
 
 
-def write_table(paths, out):
-    """The Markdown table of several results.json (one protocol) at `out`, and a CSV beside it.
+def write_table(paths, out=None):
+    """The Markdown table of several results.json (one protocol), printed, and written at `out`
+    with a CSV beside it (out None: printed only, so that nothing lands where the command runs).
 
     A row per run (its configuration's name, seed, checkpoint); for each configuration (training
     configs equal but for RUN_KEYS) and checkpoint name (step_000500) with runs of two or more
@@ -182,6 +183,9 @@ def write_table(paths, out):
         name = f"*{label}*" if kind == "reference" else f"**{label}**" if kind == "seeds" else label
         lines.append(f"| {name} | " + " | ".join(show(cells.get(c)) for c in cols) + " |")
     text = "\n".join(lines) + "\n"
+    if out is None:
+        print(text + "(not written: --out FILE.md writes it, and a .csv beside it)")
+        return text
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         f.write(text)

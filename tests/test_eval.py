@@ -359,6 +359,19 @@ def test_an_evaluation_under_another_protocol_does_not_replace_the_earlier_one(t
         ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--backend", "hf", "--out", str(other)])
 
 
+def test_the_table_is_written_where_out_says_only(tmp_path, monkeypatch, capsys):
+    """Without --out the table is printed, and no table.md / table.csv lands in the working
+    directory (the repository's root, as the commands are run)."""
+    a = fake_result(tmp_path / "r" / "a.json", "tepo", 0, {"math500": [1, 0]})
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    ev.main(["--table", a])
+    assert os.listdir(cwd) == [] and "| tepo (seed 0, tepo-s0/step_000100) | 50.00" in capsys.readouterr().out
+    ev.main(["--table", a, "--out", str(tmp_path / "t" / "table.md")])
+    assert sorted(os.listdir(tmp_path / "t")) == ["table.csv", "table.md"]
+
+
 def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
     ckpt, data = fake_ckpt
     err = cli_error(capsys, ["--ckpt", str(tmp_path / "nope"), "--data-dir", data])
