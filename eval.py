@@ -316,7 +316,17 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"--k {bad}: every k must be between 1 and n = {least} (samples per problem)")
     args.ks = samples_and_ks(args, 0)[1]
-    args.max_new_tokens = args.max_new_tokens or cfg.get("max_new_tokens") or 4096
+    # Where the prompt template and the response cap come from, said at start (a model without a
+    # training config gets eval.py's defaults, not the prompt it was taught: the demo's pre-trained
+    # model scored 0.1% so, its responses running to the context).
+    def source(key):
+        return (f"--{key.replace('_', '-')}" if key in given else f"--preset {args.preset}" if key in preset
+                else "the checkpoint's train_config.yaml" if key in cfg
+                else f"eval.py's default: {'the checkpoint has no train_config.yaml' if not cfg else 'none in its train_config.yaml'}; "
+                     f"--{key.replace('_', '-')} sets it")
+    args.sources = {key: source(key) for key in ("prompt_template", "max_new_tokens")}
+    if args.max_new_tokens is None:
+        args.max_new_tokens = cfg.get("max_new_tokens") or 4096
     if args.max_new_tokens < 1:
         ap.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     template = args.prompt_template if args.prompt_template is not None else \
@@ -476,6 +486,16 @@ def protocol(args, plan, problems, prompt):
             "overrides": preset_overrides(args, plan, problems)}
 
 
+def start_lines(args, prompt, chat):
+    """What eval.py says at start: the prompt (`prompt`, a problem's with the problem left as
+    "{problem}"; `chat`: the tokenizer has a chat template) and the response cap, each with where it
+    came from (a flag, the preset, the checkpoint's train_config.yaml or eval.py's default)."""
+    kind = ("the tokenizer's chat template" if chat else "the plain template (the tokenizer has no chat "
+            "template)") if args.template is None else "the template"
+    return [f"prompt: {kind} {prompt!r} (from {args.sources['prompt_template']})",
+            f"response cap: {args.max_new_tokens} tokens (from {args.sources['max_new_tokens']})"]
+
+
 def keep_other_protocol(out, proto):
     """Refuse, before any sampling, to replace the results at `out` (--out; by default one per
     checkpoint) when they were evaluated under another protocol than `proto`: an evaluation with
@@ -528,6 +548,8 @@ def main(argv=None):
     prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
     proto = protocol(args, plan, problems, prompt)
     keep_other_protocol(args.out, proto)
+    if rank == 0:
+        print("\n".join(start_lines(args, prompt, bool(getattr(tokenizer, "chat_template", None)))), flush=True)
     problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
                                 add_special_tokens=True)["input_ids"] for r in rows]
@@ -554,6 +576,11 @@ def main(argv=None):
         bar.close()
         if rank == 0:
             results[name], all_records[name] = summarize(records, ks), records
+            if results[name]["truncation_rate"] > 0.5:
+                print(f"warning: {name}: {results[name]['truncation_rate']:.0%} of the responses hit the "
+                      f"length limit ({args.max_new_tokens} tokens, or the context of {max_model_len}): the "
+                      f"model may not stop under this prompt, or the cap be too low (the prompt and cap, "
+                      f"and where each comes from, are printed above)")
             if results[name]["prompt_too_long"]:
                 print(f"warning: {name}: {results[name]['prompt_too_long']} prompts do not fit the "
                       f"context of {max_model_len} tokens; their samples count as wrong")

@@ -8,6 +8,7 @@ the paper's reported numbers as a reference row under the paper protocol unmodif
 CSV beside it. It refuses to put two protocols side by side, or two results of one run.
   run_cells, seed_cells  a run's cells, and a configuration's over its seeds (Student's t: t975)
   configuration, config_names  which runs are seeds of one configuration, and its name
+  flags_to_match         when protocols differ: the flags to evaluate again with (shell_arg quotes)
   write_table            the check of the protocols, the rows, the Markdown and the CSV
 Not here: how a protocol is recorded (eval.protocol), nor any sampling or grading (eval.py).
 """
@@ -102,6 +103,49 @@ def config_names(configs):
     return names
 
 
+def shell_arg(text):
+    """`text` as one shell word on one line: as it is when it is safe, else in bash's $'...' quotes,
+    so a template's newlines and backslashes can be pasted back."""
+    if text and all(c.isalnum() or c in "_-.,/:=+@%" for c in text):
+        return text
+    return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\t", "\\t") + "'"
+
+
+def flags_to_match(want, have):
+    """The eval.py flags that turn protocol `have` into `want` (where they differ), for the message
+    that refuses to put them side by side: what to evaluate again with, not only what differs."""
+    out = []
+    if want["preset"] != have["preset"]:
+        out.append(f"--preset {want['preset']}" if want["preset"] else "no --preset")
+    wb, hb = want["benchmarks"], have["benchmarks"]
+    if list(wb) != list(hb):
+        out.append("--benchmarks " + ",".join(wb) + " (or --data files of these names)")
+    else:
+        if any(wb[b]["n"] != hb[b]["n"] for b in wb):
+            ns = {v["n"] for v in wb.values()}
+            out.append(f"-n {ns.pop()}" if len(ns) == 1 else
+                       "the samples per problem of " + ", ".join(f"{b} {v['n']}" for b, v in wb.items()))
+        other = [b for b in wb if wb[b].get("rows_sha256") != hb[b].get("rows_sha256")]
+        if other:
+            out.append(f"the same data for {', '.join(other)} (their problems or answers differ)")
+    if want["temperature"] == 0 and have["temperature"] != 0:
+        out.append("--greedy")
+    else:
+        for key, flag in (("temperature", "--temperature"), ("top_p", "--top-p")):
+            if want[key] != have[key]:
+                out.append(f"{flag} {want[key]}")
+    for key, flag in (("max_new_tokens", "--max-new-tokens"), ("max_problems", "--max-problems"),
+                      ("grader", "--grader")):
+        if want.get(key) != have.get(key):
+            out.append(f"{flag} {want[key]}" if want.get(key) is not None else f"no {flag}")
+    if want["prompt_template"] != have["prompt_template"]:
+        out.append("--prompt-template " + ("default" if want["prompt_template"] is None
+                                           else shell_arg(want["prompt_template"])))
+    elif want.get("prompt_sha256") != have.get("prompt_sha256"):
+        out.append("one --prompt-template for both (their checkpoints' chat templates differ)")
+    return " ".join(out)
+
+
 def write_table(paths, out=None):
     """The Markdown table of several results.json (one protocol), printed, and written at `out`
     with a CSV beside it (out None: printed only, so that nothing lands where the command runs).
@@ -134,9 +178,12 @@ def write_table(paths, out=None):
         if result["protocol"] != first:
             keys = sorted(k for k in set(first) | set(result["protocol"])
                           if first.get(k) != result["protocol"].get(k))
+            ckpt, ckpt0 = result.get("ckpt", path), results[0].get("ckpt", paths[0])
             raise UserError(f"--table: {path} was evaluated under another protocol than {paths[0]} "
                             f"(they differ in {', '.join(keys)}: {[result['protocol'].get(k) for k in keys]} "
-                            f"against {[first.get(k) for k in keys]}); evaluate both with the same --preset")
+                            f"against {[first.get(k) for k in keys]}); to compare them, evaluate {ckpt} again "
+                            f"with {flags_to_match(first, result['protocol'])} (or {ckpt0} with "
+                            f"{flags_to_match(result['protocol'], first)})")
     cols = list(first["benchmarks"]) + ["avg"]
     rows = []  # (label, kind, {col: (value, half or None)})
     configs = [configuration(r["train_config"]) if r.get("train_config") else None for r in results]

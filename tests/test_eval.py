@@ -313,6 +313,53 @@ def test_the_table_averages_the_seeds_of_one_training_configuration_only(tmp_pat
     assert "| **tepo, lr=1e-06, step_000100: mean of 2 seeds** | 75.00 ± " in text and text.count("mean of") == 1
 
 
+def test_the_tables_refusal_names_the_flags_that_make_the_protocols_equal(tmp_path):
+    """The demo's pair: the pre-trained model evaluated with eval.py's defaults (no training config:
+    the plain prompt, 4,096 tokens) and the final checkpoint with its own template and 64-token cap.
+    The refusal said "evaluate both with the same --preset", which does not help; it names the flags,
+    the template quoted so that bash gives it back."""
+    base = {"preset": None, "benchmarks": {"test": {"n": 4, "problems": 2, "rows_sha256": "ab"}},
+            "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4096, "prompt_template": None,
+            "prompt_sha256": "cd", "max_problems": None, "grader": "rule", "overrides": []}
+    template = "{problem}\nAnswer in \\boxed{}.\n"
+    final = {**base, "max_new_tokens": 64, "prompt_template": template, "prompt_sha256": "ef"}
+    a = fake_result(tmp_path / "a.json", None, None, {"test": [1, 0]}, protocol=base, run="demo")
+    b = fake_result(tmp_path / "b.json", "tepo", 0, {"test": [1, 1]}, protocol=final, run="demo/rl", step="final")
+    with pytest.raises(ev.UserError) as e:
+        table.write_table([a, b], str(tmp_path / "t.md"))
+    quoted = "$'{problem}\\nAnswer in \\\\boxed{}.\\n'"
+    assert str(e.value).endswith(f"evaluate /runs/demo/rl/final again with --max-new-tokens 4096 --prompt-template "
+                                 f"default (or /runs/demo/step_000100 with --max-new-tokens 64 --prompt-template {quoted})")
+    assert subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, text=True).stdout == template
+    other = {**base, "preset": "paper", "temperature": 0.6, "top_p": 0.95, "max_problems": 2, "grader": "math_verify",
+             "benchmarks": {"test": {"n": 32, "problems": 2, "rows_sha256": "00"}}}
+    assert table.flags_to_match(other, base) == ("--preset paper -n 32 the same data for test (their problems or "
+                                                 "answers differ) --temperature 0.6 --top-p 0.95 --max-problems 2 "
+                                                 "--grader math_verify")
+    assert table.flags_to_match(base, other) == ("no --preset -n 4 the same data for test (their problems or answers "
+                                                 "differ) --temperature 1.0 --top-p 1.0 no --max-problems --grader rule")
+    assert table.flags_to_match({**base, "temperature": 0.0}, base) == "--greedy"
+    assert table.flags_to_match({**base, "prompt_sha256": "00"}, base) == \
+        "one --prompt-template for both (their checkpoints' chat templates differ)"
+
+
+def test_the_prompt_and_the_cap_say_where_they_come_from(fake_ckpt):
+    ckpt, data = fake_ckpt
+    common = ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500"]
+    a = ev.parse_args(common)
+    assert a.sources == {"prompt_template": "the checkpoint's train_config.yaml",
+                         "max_new_tokens": "the checkpoint's train_config.yaml"}
+    assert ev.start_lines(a, "P {problem}", chat=False) == [
+        "prompt: the template 'P {problem}' (from the checkpoint's train_config.yaml)",
+        "response cap: 77 tokens (from the checkpoint's train_config.yaml)"]
+    a = ev.parse_args(common + ["--preset", "paper", "--max-new-tokens", "64"])
+    assert a.sources == {"prompt_template": "--preset paper", "max_new_tokens": "--max-new-tokens"}
+    os.remove(os.path.join(ckpt, "train_config.yaml"))
+    a = ev.parse_args(common + ["--prompt-template", "Q {problem}"])
+    assert a.sources == {"prompt_template": "--prompt-template", "max_new_tokens": "eval.py's default: the "
+                         "checkpoint has no train_config.yaml; --max-new-tokens sets it"} and a.max_new_tokens == 4096
+
+
 def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
     """Two results of one method, seed and checkpoint (evaluated twice): the mean over seeds would
     count one of them silently; it is an error naming both files."""
@@ -328,7 +375,9 @@ def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp
     other = {**other, "temperature": 1.0}
     b = fake_result(tmp_path / "b.json", "grpo", 0, {"math500": [1, 0]}, protocol=other)
     with pytest.raises(ev.UserError, match=r"b\.json was evaluated under another protocol than .*a\.json "
-                                           r"\(they differ in temperature: \[1\.0\] against \[0\.6\]\)"):
+                                           r"\(they differ in temperature: \[1\.0\] against \[0\.6\]\); to "
+                                           r"compare them, evaluate /runs/grpo-s0/step_000100 again with "
+                                           r"--temperature 0\.6 \(or /runs/tepo-s0/step_000100 with --temperature 1\.0\)"):
         table.write_table([a, b], str(tmp_path / "t.md"))
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"benchmarks": {}}))
@@ -357,6 +406,23 @@ def test_an_evaluation_under_another_protocol_does_not_replace_the_earlier_one(t
     other.write_text("[1, 2]")
     with pytest.raises(ev.UserError, match=r"other\.json holds something that is not a results\.json"):
         ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--backend", "hf", "--out", str(other)])
+
+
+@pytest.mark.slow
+def test_a_model_without_a_training_config_is_told_its_prompt_and_warned_of_its_responses_cut(
+        tiny_model_dir, tmp_path, capsys):
+    """The demo's pre-trained model has no training config: eval.py prompted it with its default
+    template and let it run to the cap, silently (0.1%). It now says which prompt and cap it uses and
+    where each comes from, and warns when most responses of a benchmark hit the cap."""
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": "4"}\n')
+    ev.main(["--ckpt", tiny_model_dir, "--data", str(bench), "-n", "4", "--temperature", "1.0",
+             "--max-new-tokens", "8", "--backend", "hf", "--out", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert ("prompt: the plain template (the tokenizer has no chat template) '{problem}\\nPlease reason step by "
+            "step, and put your final answer within \\\\boxed{}.\\n' (from eval.py's default: the checkpoint has "
+            "no train_config.yaml; --prompt-template sets it)\nresponse cap: 8 tokens (from --max-new-tokens)\n") in out
+    assert "warning: bench: 100% of the responses hit the length limit (8 tokens" in out
 
 
 def test_the_table_is_written_where_out_says_only(tmp_path, monkeypatch, capsys):
