@@ -378,7 +378,8 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
     "problem", "gold", "samples": [...], "metrics": problem_metrics}. Problems whose prompt leaves
     no room to generate (`context`) get n empty, wrong samples (finish "prompt_too_long").
     judge(text, gold) -> (answer or None, correct) (make_judge); a call that raises or runs over
-    reward_timeout seconds makes the sample wrong, marked grader_failed.
+    reward_timeout seconds makes the sample wrong, marked grader_failed. `bar` (tqdm) advances by
+    the samples of each call.
     """
     records, failed = [], {"errors": 0, "timeouts": 0}
     mine = my_problems(len(rows), rank, world)
@@ -406,7 +407,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
             records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
                             "samples": samples, "metrics": problem_metrics(samples, ks)})
         if bar is not None:
-            bar.update(len(idx))
+            bar.update(len(idx) * n)
     if "first" in failed:
         print(f"warning: {name}: {failed['errors']} grading calls raised and {failed['timeouts']} ran over "
               f"the reward timeout ({reward_timeout}s) on rank {rank}, counted as wrong; first: "
@@ -486,14 +487,38 @@ def protocol(args, plan, problems, prompt):
             "overrides": preset_overrides(args, plan, problems)}
 
 
-def start_lines(args, prompt, chat):
-    """What eval.py says at start: the prompt (`prompt`, a problem's with the problem left as
-    "{problem}"; `chat`: the tokenizer has a chat template) and the response cap, each with where it
-    came from (a flag, the preset, the checkpoint's train_config.yaml or eval.py's default)."""
+def start_lines(args, *, prompt, chat, plan, prompts, context, world):
+    """What eval.py says before it samples, so that a long evaluation shows at once what it will do:
+    the benchmarks (problems x samples, the total); the prompt (`prompt`: a problem's, the problem
+    left as "{problem}"; `chat`: the tokenizer has a chat template) and the response cap, each with
+    where it came from (a flag, the preset, the checkpoint's train_config.yaml or eval.py's default),
+    and how the model's `context` clips the cap; the generate calls of rank 0 (of `world`), which
+    the progress bar counts. `prompts`: {benchmark: token ids of each prompt}."""
+    sizes = {b: len(p) for b, p in prompts.items()}
+    total = sum(sizes[b] * n for b, (n, _) in plan.items())
+    lines = [f"{args.ckpt}: {len(plan)} benchmark(s), {total:,} samples ("
+             + ", ".join(f"{b} {sizes[b]} x {n}" for b, (n, _) in plan.items()) + ")"]
     kind = ("the tokenizer's chat template" if chat else "the plain template (the tokenizer has no chat "
             "template)") if args.template is None else "the template"
-    return [f"prompt: {kind} {prompt!r} (from {args.sources['prompt_template']})",
-            f"response cap: {args.max_new_tokens} tokens (from {args.sources['max_new_tokens']})"]
+    lines.append(f"prompt: {kind} {prompt!r} (from {args.sources['prompt_template']})")
+    cap = f"response cap: {args.max_new_tokens} tokens (from {args.sources['max_new_tokens']})"
+    lengths = [len(p) for ps in prompts.values() for p in ps]
+    room = [context - n for n in lengths if n < context] if context else []
+    clipped = [r for r in room if r < args.max_new_tokens]
+    if clipped:
+        cap += (f"; the model's context of {context} tokens clips it to {min(clipped)}-{max(clipped)} "
+                f"tokens for {len(clipped):,} of {len(lengths):,} prompts")
+    lines.append(cap)
+    if context and len(room) < len(lengths):
+        lines.append(f"warning: {len(lengths) - len(room)} prompts do not fit the model's context of {context} "
+                     f"tokens: their samples count as wrong")
+    calls = {b: math.ceil(len(my_problems(sizes[b], 0, world)) / (args.chunk_size or math.ceil(SEQS_PER_CALL / n)))
+             for b, (n, _) in plan.items()}
+    lines.append(f"sampling: T {args.temperature}, top_p {args.top_p}, seed {args.seed}, on {world} rank(s); "
+                 f"the progress bar moves once per generate call of rank 0 ({sum(calls.values())} call(s), of up "
+                 f"to {args.chunk_size or SEQS_PER_CALL} {'problems' if args.chunk_size else 'samples'}; a "
+                 f"smaller --chunk-size moves it more often, at some speed)")
+    return lines
 
 
 def keep_other_protocol(out, proto):
@@ -548,42 +573,43 @@ def main(argv=None):
     prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
     proto = protocol(args, plan, problems, prompt)
     keep_other_protocol(args.out, proto)
-    if rank == 0:
-        print("\n".join(start_lines(args, prompt, bool(getattr(tokenizer, "chat_template", None)))), flush=True)
     problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
+    # tokenized as rollout tokenizes a text prompt; verbose=False: transformers would warn of the
+    # tokenizer's model_max_length, which need not be the model's context (the demo's: 4,096 and 512)
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
-                                add_special_tokens=True)["input_ids"] for r in rows]
-               for name, rows in problems.items()}  # tokenized as rollout tokenizes a text prompt
+                                add_special_tokens=True, verbose=False)["input_ids"] for r in rows]
+               for name, rows in problems.items()}
     context = context_length(args.ckpt)
     longest = max(len(p) for ps in prompts.values() for p in ps)
     max_model_len = longest + args.max_new_tokens if context is None else \
         min(context, longest + args.max_new_tokens)
+    if rank == 0:
+        print("\n".join(start_lines(args, prompt=prompt, chat=bool(getattr(tokenizer, "chat_template", None)),
+                                    plan=plan, prompts=prompts, context=context, world=world)), flush=True)
     engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
                                  max_model_len=max_model_len, seed=args.seed)
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
     chunks = {}
+    # One bar over every sample of the evaluation, so that its rate and estimate are the whole run's
+    bar = tqdm(total=sum(len(my_problems(len(rows), rank, world)) * plan[name][0] for name, rows in problems.items()),
+               unit="sample", disable=rank != 0, desc="sampling" if world == 1 else f"sampling (rank 0 of {world})")
     for name, rows in problems.items():
         n, ks = plan[name]
         chunk_size = chunks[name] = args.chunk_size or math.ceil(SEQS_PER_CALL / n)
-        mine = len(my_problems(len(rows), rank, world))
-        bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
-                   unit="problem", disable=rank != 0)
+        bar.set_postfix_str(name)
         records = gather(sample_benchmark(
             engine, name, rows, prompts[name], n=n, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=chunk_size,
             ks=ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
             world=world, context=max_model_len, clock=clock, bar=bar), world)
-        bar.close()
         if rank == 0:
             results[name], all_records[name] = summarize(records, ks), records
             if results[name]["truncation_rate"] > 0.5:
-                print(f"warning: {name}: {results[name]['truncation_rate']:.0%} of the responses hit the "
-                      f"length limit ({args.max_new_tokens} tokens, or the context of {max_model_len}): the "
-                      f"model may not stop under this prompt, or the cap be too low (the prompt and cap, "
-                      f"and where each comes from, are printed above)")
-            if results[name]["prompt_too_long"]:
-                print(f"warning: {name}: {results[name]['prompt_too_long']} prompts do not fit the "
-                      f"context of {max_model_len} tokens; their samples count as wrong")
+                bar.write(f"warning: {name}: {results[name]['truncation_rate']:.0%} of the responses hit the "
+                          f"length limit ({args.max_new_tokens} tokens, or the context of {max_model_len}): the "
+                          f"model may not stop under this prompt, or the cap be too low (the prompt and cap, "
+                          f"and where each comes from, are printed above)")
+    bar.close()
     t_end = time.time()
     if rank != 0:
         policy.end_distributed()  # waits for rank 0's, after the files are written

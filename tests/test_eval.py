@@ -349,7 +349,8 @@ def test_the_prompt_and_the_cap_say_where_they_come_from(fake_ckpt):
     a = ev.parse_args(common)
     assert a.sources == {"prompt_template": "the checkpoint's train_config.yaml",
                          "max_new_tokens": "the checkpoint's train_config.yaml"}
-    assert ev.start_lines(a, "P {problem}", chat=False) == [
+    assert ev.start_lines(a, prompt="P {problem}", chat=False, plan={"math500": (16, [1, 8, 16])},
+                          prompts={"math500": [[1, 2, 3]]}, context=None, world=1)[1:3] == [
         "prompt: the template 'P {problem}' (from the checkpoint's train_config.yaml)",
         "response cap: 77 tokens (from the checkpoint's train_config.yaml)"]
     a = ev.parse_args(common + ["--preset", "paper", "--max-new-tokens", "64"])
@@ -423,6 +424,30 @@ def test_a_model_without_a_training_config_is_told_its_prompt_and_warned_of_its_
             "step, and put your final answer within \\\\boxed{}.\\n' (from eval.py's default: the checkpoint has "
             "no train_config.yaml; --prompt-template sets it)\nresponse cap: 8 tokens (from --max-new-tokens)\n") in out
     assert "warning: bench: 100% of the responses hit the length limit (8 tokens" in out
+
+
+@pytest.mark.slow
+def test_a_long_evaluation_says_at_once_what_it_will_do_and_counts_samples(setup, tmp_path, capfd):
+    """Before the engine starts: the benchmarks, problems x samples and their total, the cap and
+    how the model's context clips it, the prompts that do not fit, the calls the bar counts; then
+    one bar over every sample with its rate. No transformers warning of the tokenizer's 4,096-token
+    limit, which is not this model's (256)."""
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"problem": "What is " + "1 plus " * 700 + "1?", "answer": "701"}) + "\n"
+                    + json.dumps({"problem": "What is 3 plus 4?", "answer": "7"}) + "\n")
+    ev.main(["--ckpt", setup["ckpt"], "--data", setup["bench"], str(long), "-n", "2",
+             "--temperature", "1.0", "--max-new-tokens", "240", "--chunk-size", "3", "--backend", "hf",
+             "--out", str(tmp_path / "r.json")])
+    out, err = capfd.readouterr()
+    start = out[:out.index("benchmark ")]  # what is printed before the table of results
+    assert f"{setup['ckpt']}: 2 benchmark(s), 20 samples (fx 8 x 2, long 2 x 2)\n" in start
+    # prompts of 24-251 tokens: 5-232 tokens of the 256-token context left, where the cap is 240
+    assert ("response cap: 240 tokens (from --max-new-tokens); the model's context of 256 tokens clips it to "
+            "5-232 tokens for 8 of 10 prompts\n") in start
+    assert "warning: 2 prompts do not fit the model's context of 256 tokens: their samples count as wrong" in start
+    assert "the progress bar moves once per generate call of rank 0 (4 call(s), of up to 3 problems;" in start
+    assert "20/20 [" in err and ("sample/s]" in err or "s/sample]" in err)
+    assert "Token indices sequence length" not in err + out
 
 
 def test_the_table_is_written_where_out_says_only(tmp_path, monkeypatch, capsys):
