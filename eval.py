@@ -1,6 +1,6 @@
 """eval.py: judge a checkpoint on math benchmarks (accuracy, pass@k, maj@k) with one command.
 
-    python eval.py --ckpt runs/tepo/step_000200 --data-dir ../shared/data \\
+    python eval.py --ckpt runs/tepo/step_000200 --data-dir data \\
         [--benchmarks math500,aime24,...] [--data FILE ...] [--n 16] [--temperature 0.6]
         [--top-p 0.95] [--max-new-tokens N] [--k 1,8,16] [--greedy] [--seed 0] [--out results.json]
     torchrun --nproc_per_node 8 eval.py --ckpt ... -n 16  # problems sharded over ranks; write
@@ -239,17 +239,20 @@ def parse_args(argv=None):
     ap.add_argument("--k", help="comma-separated k of pass@k and maj@k (default: 1,8,16 up to n, "
                                 "and n)")
     ap.add_argument("--greedy", action="store_true", help="temperature 0, n = 1, k = 1")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed: problem i of a benchmark is sampled "
+                                                        "from (seed, benchmark, i); not part of the protocol")
     ap.add_argument("--prompt-template", help="'{problem}' template overriding the checkpoint's; "
                                               "'default' for the chat template (or plain)")
-    ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS)
+    ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS,
+                    help="sampling engine: vllm, or hf (transformers' generate, slower)")
     ap.add_argument("--grader", default="rule", choices=sorted(reward.GRADERS),
                     help="rule (reward.py) or math_verify (needs `pip install math-verify`), to "
                          "reproduce papers that graded with it")
     ap.add_argument("--reward-timeout", type=float, default=10.0,
                     help="seconds one grading call may take; over it, or raising, the sample is wrong "
                          "and counted (results: grader_failures)")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", default="auto", help="the engine's dtype: float32, bfloat16 or float16; "
+                                                     "auto: bfloat16 on GPU, float32 on CPU")
     ap.add_argument("--chunk-size", type=int, help="problems per generate call of a rank "
                                                    "(default: ceil(1024 / n)); not part of the seed")
     ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json; results of another "
