@@ -322,12 +322,14 @@ def parse_args(argv=None):
     # Where the prompt template and the response cap come from, said at start (a model without a
     # training config gets eval.py's defaults, not the prompt it was taught: the demo's pre-trained
     # model scored 0.1% so, its responses running to the context).
-    def source(key):
-        return (f"--{key.replace('_', '-')}" if key in given else f"--preset {args.preset}" if key in preset
-                else "the checkpoint's train_config.yaml" if key in cfg
-                else f"eval.py's default: {'the checkpoint has no train_config.yaml' if not cfg else 'none in its train_config.yaml'}; "
-                     f"--{key.replace('_', '-')} sets it")
-    args.sources = {key: source(key) for key in ("prompt_template", "max_new_tokens")}
+    args.sources = {}
+    for key in ("prompt_template", "max_new_tokens"):
+        flag = f"--{key.replace('_', '-')}"
+        args.sources[key] = (flag if key in given else f"--preset {args.preset}" if key in preset
+                             else "the checkpoint's train_config.yaml" if key in cfg
+                             else "eval.py's default: the checkpoint has "
+                                  + ("none in its train_config.yaml" if cfg else "no train_config.yaml")
+                                  + f"; {flag} sets it")
     if args.max_new_tokens is None:
         args.max_new_tokens = cfg.get("max_new_tokens") or 4096
     if args.max_new_tokens < 1:
@@ -464,7 +466,8 @@ def preset_overrides(args, plan, problems):
                       ("--max-new-tokens", "max_new_tokens"), ("--prompt-template", "prompt_template")):
         if key in args.given and args.given[key] != preset.get(key) and not (
                 args.greedy and key in ("temperature", "top_p")):  # --greedy's, named above
-            out.append(f"{flag} {args.given[key]!r}" if key == "prompt_template" else f"{flag} {args.given[key]}")
+            value = args.given[key]
+            out.append(f"{flag} {value!r}" if key == "prompt_template" else f"{flag} {value}")
     if args.max_problems is not None:
         out.append(f"--max-problems {args.max_problems}")
     if args.grader != "rule":
@@ -513,12 +516,12 @@ def start_lines(args, *, prompt, chat, plan, prompts, context, world):
                 f"tokens for {len(clipped):,} of {len(lengths):,} prompts")
     lines.append(cap)
     if context and len(room) < len(lengths):
-        lines.append(f"warning: {len(lengths) - len(room)} prompts do not fit the model's context of {context} "
-                     f"tokens: their samples count as wrong")
-    calls = {b: math.ceil(len(my_problems(sizes[b], 0, world)) / (args.chunk_size or math.ceil(SEQS_PER_CALL / n)))
-             for b, (n, _) in plan.items()}
+        lines.append(f"warning: {len(lengths) - len(room)} prompts do not fit the model's context of "
+                     f"{context} tokens: their samples count as wrong")
+    calls = sum(math.ceil(len(my_problems(sizes[b], 0, world))
+                          / (args.chunk_size or math.ceil(SEQS_PER_CALL / n))) for b, (n, _) in plan.items())
     lines.append(f"sampling: T {args.temperature}, top_p {args.top_p}, seed {args.seed}, on {world} rank(s); "
-                 f"the progress bar moves once per generate call of rank 0 ({sum(calls.values())} call(s), of up "
+                 f"the progress bar moves once per generate call of rank 0 ({calls} call(s), of up "
                  f"to {args.chunk_size or SEQS_PER_CALL} {'problems' if args.chunk_size else 'samples'}; a "
                  f"smaller --chunk-size moves it more often, at some speed)")
     return lines
@@ -594,8 +597,9 @@ def main(argv=None):
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
     chunks = {}
     # One bar over every sample of the evaluation, so that its rate and estimate are the whole run's
-    bar = tqdm(total=sum(len(my_problems(len(rows), rank, world)) * plan[name][0] for name, rows in problems.items()),
-               unit="sample", disable=rank != 0, desc="sampling" if world == 1 else f"sampling (rank 0 of {world})")
+    mine = sum(len(my_problems(len(rows), rank, world)) * plan[name][0] for name, rows in problems.items())
+    bar = tqdm(total=mine, unit="sample", disable=rank != 0,
+               desc="sampling" if world == 1 else f"sampling (rank 0 of {world})")
     for name, rows in problems.items():
         n, ks = plan[name]
         chunk_size = chunks[name] = args.chunk_size or math.ceil(SEQS_PER_CALL / n)
@@ -608,10 +612,10 @@ def main(argv=None):
         if rank == 0:
             results[name], all_records[name] = summarize(records, ks), records
             if results[name]["truncation_rate"] > 0.5:
-                bar.write(f"warning: {name}: {results[name]['truncation_rate']:.0%} of the responses hit the "
-                          f"length limit ({args.max_new_tokens} tokens, or the context of {max_model_len}): the "
-                          f"model may not stop under this prompt, or the cap be too low (the prompt and cap, "
-                          f"and where each comes from, are printed above)")
+                bar.write(f"warning: {name}: {results[name]['truncation_rate']:.0%} of the responses hit "
+                          f"the length limit ({args.max_new_tokens} tokens, or the context of "
+                          f"{max_model_len}): the model may not stop under this prompt, or the cap be too "
+                          f"low (the prompt and cap, and where each comes from, are printed above)")
     bar.close()
     t_end = time.time()
     if rank != 0:

@@ -108,7 +108,9 @@ def shell_arg(text):
     so a template's newlines and backslashes can be pasted back."""
     if text and all(c.isalnum() or c in "_-.,/:=+@%" for c in text):
         return text
-    return "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\t", "\\t") + "'"
+    for c, escaped in (("\\", "\\\\"), ("'", "\\'"), ("\n", "\\n"), ("\t", "\\t")):
+        text = text.replace(c, escaped)
+    return "$'" + text + "'"
 
 
 def flags_to_match(want, have):
@@ -181,8 +183,8 @@ def write_table(paths, out=None):
             ckpt, ckpt0 = result.get("ckpt", path), results[0].get("ckpt", paths[0])
             raise UserError(f"--table: {path} was evaluated under another protocol than {paths[0]} "
                             f"(they differ in {', '.join(keys)}: {[result['protocol'].get(k) for k in keys]} "
-                            f"against {[first.get(k) for k in keys]}); to compare them, evaluate {ckpt} again "
-                            f"with {flags_to_match(first, result['protocol'])} (or {ckpt0} with "
+                            f"against {[first.get(k) for k in keys]}); to compare them, evaluate {ckpt} "
+                            f"again with {flags_to_match(first, result['protocol'])} (or {ckpt0} with "
                             f"{flags_to_match(result['protocol'], first)})")
     cols = list(first["benchmarks"]) + ["avg"]
     rows = []  # (label, kind, {col: (value, half or None)})
@@ -192,7 +194,8 @@ def write_table(paths, out=None):
         ckpt, seed = result.get("ckpt") or path, result.get("seed")
         where = os.path.join(os.path.basename(os.path.dirname(ckpt)), os.path.basename(ckpt))
         cells = run_cells(result)
-        rows.append((f"{name} (seed {seed}, {where})" if name else f"{where} (no training config)", "run", cells))
+        label = f"{name} (seed {seed}, {where})" if name else f"{where} (no training config)"
+        rows.append((label, "run", cells))
         key = json.dumps(config, sort_keys=True) if config is not None else os.path.abspath(ckpt)
         runs = groups.setdefault((key, name, os.path.basename(ckpt)), {})
         if seed in runs:  # the mean over seeds would count it once, silently
@@ -206,8 +209,8 @@ def write_table(paths, out=None):
                          seed_cells([cells for _, cells in runs.values()])))
     # An override (another data set, temperature, cap, problem count...) would make them a false
     # comparison; a results.json without the record of its overrides gets no reference row either.
-    for method, numbers in PAPER_REPORTED.items() if first["preset"] == "paper" and first.get("overrides") == [] \
-            else ():
+    unmodified_paper = first["preset"] == "paper" and first.get("overrides") == []
+    for method, numbers in PAPER_REPORTED.items() if unmodified_paper else ():
         rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
                      {c: (numbers[c], None) for c in cols if c in numbers}))
 
