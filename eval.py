@@ -10,16 +10,19 @@
 
 A protocol (--preset paper or quick) fixes the benchmarks, the samples per problem, temperature,
 top_p, the response cap and the prompt; any of them can still be overridden by its flag. results.json
-records the protocol used, and --table puts several results side by side (a row per run, the mean
-over seeds of each method, 95% intervals, the paper's reported numbers as a reference row) only when
-they share it: table.py, which this command runs.
+records the protocol used (and the preset's overrides), and --table puts several results side by side
+(a row per run, the mean over the seeds of each training configuration, 95% intervals, the paper's
+reported numbers as a reference row beside the paper protocol unmodified) only when they share it:
+table.py, which this command runs.
 
 Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
 BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is data.build_prompt with
 the checkpoint's own `prompt_template` (from train_config.yaml, which train.py writes into every
 checkpoint), so a checkpoint is evaluated the way it was trained; --max-new-tokens defaults to its
-`max_new_tokens` (else 4096). Prompt plus response never exceed the model's context
+`max_new_tokens` (else 4096). A model without train_config.yaml gets the chat template (else a plain
+one) and 4096 tokens: eval.py says at start which prompt and cap it uses and where each comes from,
+with the benchmarks and samples it will draw. Prompt plus response never exceed the model's context
 (`max_position_embeddings`): a response that hits it counts as truncated, and a problem whose prompt
 alone fills it gets n empty, wrong samples (counted as `prompt_too_long`), so the denominator stays
 the benchmark's.
@@ -29,8 +32,9 @@ Metrics per benchmark (each a mean over problems, as fractions in results.json):
   pass@k    the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k), c correct of n;
   maj@k     majority vote over the extracted answers of the FIRST k samples (see majority_vote);
 plus the mean response length in tokens and the truncation rate (responses cut by the token limit).
-Outputs: a table on the console, results.json (--out, default CKPT/eval/results.json) and, beside
-it, <out>_samples.jsonl with one graded line per sample that anyone can re-grade.
+Outputs: a table on the console, results.json (--out, default CKPT/eval/results.json; results of
+another protocol there are not replaced: eval.py stops at start) and, beside it,
+<out>_samples.jsonl with one graded line per sample that anyone can re-grade.
 
 Reproducibility and ranks: problem i of a benchmark is sampled from its own random stream, seeded by
 (seed, benchmark, i), whichever rank and generate call sample it. Problems are dealt to the ranks
