@@ -154,10 +154,10 @@ def write_table(paths, out=None):
 
     A row per run (its configuration's name, seed, checkpoint); for each configuration (training
     configs equal but for RUN_KEYS) and checkpoint name (step_000500) with runs of two or more
-    seeds, a row of their mean with its interval over seeds; then, under
-    the paper preset unmodified, the paper's reported numbers, marked as a reference: they come
-    from the paper's own protocol (beside other benchmarks, settings or data they would only
-    mislead). The protocol line names the preset's overrides.
+    seeds, a row of their mean with its interval over seeds; then, under the paper preset
+    unmodified, the paper's reported numbers, marked as a reference: they come from the paper's own
+    protocol (beside other benchmarks, settings or data they would only mislead). The protocol
+    line names the preset's overrides.
     -> the Markdown text."""
     results = []
     for path in paths:
@@ -223,7 +223,7 @@ def write_table(paths, out=None):
     ns = [f"{b} {v['n']}" for b, v in p["benchmarks"].items()]
     ns = ", ".join(ns) if len({v["n"] for v in p["benchmarks"].values()}) > 1 else ns[0].split()[-1]
     lines = [f"Accuracy (avg@n, %) with 95% intervals: over problems and samples for a run, over seeds "
-             f"for a method's mean (Student's t). Protocol: {p['preset'] or 'custom'}"
+             f"for a configuration's mean (Student's t). Protocol: {p['preset'] or 'custom'}"
              + (f", modified by {', '.join(p['overrides'])}" if p.get("overrides") else "") + f"; n = {ns}; "
              f"T {p['temperature']}, top_p {p['top_p']}, up to {p['max_new_tokens']} response tokens"
              + (f"; the first {p['max_problems']} problems of each benchmark" if p["max_problems"] else "")
