@@ -1,6 +1,6 @@
 """eval.py: judge a checkpoint on math benchmarks (accuracy, pass@k, maj@k) with one command.
 
-    python eval.py --ckpt runs/tepo/step_000200 --data-dir ../shared/data \\
+    python eval.py --ckpt runs/tepo/step_000200 --data-dir data \\
         [--benchmarks math500,aime24,...] [--data FILE ...] [--n 16] [--temperature 0.6]
         [--top-p 0.95] [--max-new-tokens N] [--k 1,8,16] [--greedy] [--seed 0] [--out results.json]
     torchrun --nproc_per_node 8 eval.py --ckpt ... -n 16  # problems sharded over ranks; write
@@ -10,16 +10,19 @@
 
 A protocol (--preset paper or quick) fixes the benchmarks, the samples per problem, temperature,
 top_p, the response cap and the prompt; any of them can still be overridden by its flag. results.json
-records the protocol used, and --table puts several results side by side (a row per run, the mean
-over seeds of each method, 95% intervals, the paper's reported numbers as a reference row) only when
-they share it: table.py, which this command runs.
+records the protocol used (and the preset's overrides), and --table puts several results side by side
+(a row per run, the mean over the seeds of each training configuration, 95% intervals, the paper's
+reported numbers as a reference row beside the paper protocol unmodified) only when they share it:
+table.py, which this command runs.
 
 Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
 BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is data.build_prompt with
 the checkpoint's own `prompt_template` (from train_config.yaml, which train.py writes into every
 checkpoint), so a checkpoint is evaluated the way it was trained; --max-new-tokens defaults to its
-`max_new_tokens` (else 4096). Prompt plus response never exceed the model's context
+`max_new_tokens` (else 4096). A model without train_config.yaml gets the chat template (else a plain
+one) and 4096 tokens: eval.py says at start which prompt and cap it uses and where each comes from,
+with the benchmarks and samples it will draw. Prompt plus response never exceed the model's context
 (`max_position_embeddings`): a response that hits it counts as truncated, and a problem whose prompt
 alone fills it gets n empty, wrong samples (counted as `prompt_too_long`), so the denominator stays
 the benchmark's.
@@ -29,8 +32,9 @@ Metrics per benchmark (each a mean over problems, as fractions in results.json):
   pass@k    the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k), c correct of n;
   maj@k     majority vote over the extracted answers of the FIRST k samples (see majority_vote);
 plus the mean response length in tokens and the truncation rate (responses cut by the token limit).
-Outputs: a table on the console, results.json (--out, default CKPT/eval/results.json) and, beside
-it, <out>_samples.jsonl with one graded line per sample that anyone can re-grade.
+Outputs: a table on the console, results.json (--out, default CKPT/eval/results.json; results of
+another protocol there are not replaced: eval.py stops at start) and, beside it,
+<out>_samples.jsonl with one graded line per sample that anyone can re-grade.
 
 Reproducibility and ranks: problem i of a benchmark is sampled from its own random stream, seeded by
 (seed, benchmark, i), whichever rank and generate call sample it. Problems are dealt to the ranks
@@ -63,6 +67,17 @@ import table
 BENCHMARKS = {"math500": "math500.jsonl", "aime24": "aime24.jsonl", "aime25": "aime25.jsonl",
               "amc23": "amc23.jsonl", "minerva": "minerva_math.jsonl",
               "olympiadbench": "olympiadbench.jsonl", "gsm8k": "gsm8k_test.jsonl"}
+# The rows_digest of each benchmark as `data.py fetch` writes it (and ../shared/data holds it):
+# under a preset, other rows in --data-dir modify the protocol, so the paper's numbers are not shown
+# beside them.
+BENCHMARK_ROWS = {
+    "math500": "cc976e62f0457b6e026bf188f8a6f3d8c00675baaf63cf54c8a2c311b096118b",
+    "aime24": "c3ce2fba1d9e4beaa9a13f9ec0048023a9aee3ffe7cde219fc447f61b6fa4679",
+    "aime25": "aea363f59973845287a6116c2a5ab8e8e4715d44e29f623bc4f01ea51138aeb2",
+    "amc23": "112be57859252dfaf4dda719ef70410dfef150871d1e6b3b27faa3dbe4cefde5",
+    "minerva": "a1e9ef81802872c113ecd534d3f334474f4aa3433bd40fb73fedee0f5ec9b25e",
+    "olympiadbench": "375706f56830f60224886d39faf8fb1073a411989c67d67259991922d93fc41f",
+    "gsm8k": "bb3478cc4e1038476525262658917d04d96e1ad4c9d88de7c93690219a9ce7a9"}
 DEFAULT_K = (1, 8, 16)
 # Named protocols (--preset). "paper": the one of this line of work's tables for Qwen2.5-Math
 # (SimpleRL-Zoo, Dr.GRPO, the TEPO paper's seven benchmarks): avg@32 on the benchmarks of under 100
@@ -210,8 +225,8 @@ def parse_args(argv=None):
                                                               "settings yield to the flags given")
     ap.add_argument("--max-problems", type=int, help="only the first N problems of each benchmark "
                                                      "(a smoke test; recorded in the protocol)")
-    ap.add_argument("--table", nargs="+", metavar="RESULTS", help="write the table of these "
-                    "results.json files (--out, default table.md, and a .csv beside it) and stop")
+    ap.add_argument("--table", nargs="+", metavar="RESULTS", help="print the table of these "
+                    "results.json files (with --out FILE.md, also write it and a .csv beside it) and stop")
     ap.add_argument("--benchmarks", help="comma-separated names (default: all of BENCHMARKS, or "
                                          "none when --data is given)")
     ap.add_argument("--data-dir", default=os.environ.get("TEPO_DATA_DIR", "data"),
@@ -229,10 +244,12 @@ def parse_args(argv=None):
     ap.add_argument("--k", help="comma-separated k of pass@k and maj@k (default: 1,8,16 up to n, "
                                 "and n)")
     ap.add_argument("--greedy", action="store_true", help="temperature 0, n = 1, k = 1")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed: problem i of a benchmark is sampled "
+                                                        "from (seed, benchmark, i); not part of the protocol")
     ap.add_argument("--prompt-template", help="'{problem}' template overriding the checkpoint's; "
                                               "'default' for the chat template (or plain)")
-    ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS)
+    ap.add_argument("--backend", default="vllm", choices=rollout.BACKENDS,
+                    help="sampling engine: vllm, or hf (transformers' generate, slower)")
     ap.add_argument("--grader", default=reward.DEFAULT_GRADER,
                     help="rule+math_verify (the default: reward.py's rules, then math-verify where they "
                          "say no), rule or math_verify alone (to reproduce numbers made with one), or "
@@ -240,13 +257,14 @@ def parse_args(argv=None):
     ap.add_argument("--reward-timeout", type=float, default=10.0,
                     help="seconds one grading call may take; over it, or raising, the sample is wrong "
                          "and counted (results: grader_failures)")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", default="auto", help="the engine's dtype: float32, bfloat16 or float16; "
+                                                     "auto: bfloat16 on GPU, float32 on CPU")
     ap.add_argument("--chunk-size", type=int, help="problems per generate call of a rank "
                                                    "(default: ceil(1024 / n)); not part of the seed")
-    ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json)")
+    ap.add_argument("--out", help="results JSON (default: CKPT/eval/results.json; results of another "
+                                  "protocol there are not replaced); with --table: the table's .md")
     args = ap.parse_args(argv)
     if args.table:
-        args.out = args.out or "table.md"
         return args
     if args.grader not in reward.GRADERS:
         try:
@@ -257,6 +275,7 @@ def parse_args(argv=None):
         ap.error("--ckpt is required (or --table RESULTS ...)")
     preset = PRESETS.get(args.preset, {})
     given = {k: v for k, v in vars(args).items() if v is not None}
+    args.given = given  # the flags given, for preset_overrides
     for key in ("temperature", "top_p", "max_new_tokens", "prompt_template"):
         if key not in given and key in preset:
             setattr(args, key, preset[key])
@@ -311,7 +330,19 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"--k {bad}: every k must be between 1 and n = {least} (samples per problem)")
     args.ks = samples_and_ks(args, 0)[1]
-    args.max_new_tokens = args.max_new_tokens or cfg.get("max_new_tokens") or 4096
+    # Where the prompt template and the response cap come from, said at start (a model without a
+    # training config gets eval.py's defaults, not the prompt it was taught: the demo's pre-trained
+    # model scored 0.1% so, its responses running to the context).
+    args.sources = {}
+    for key in ("prompt_template", "max_new_tokens"):
+        flag = f"--{key.replace('_', '-')}"
+        args.sources[key] = (flag if key in given else f"--preset {args.preset}" if key in preset
+                             else "the checkpoint's train_config.yaml" if key in cfg
+                             else "eval.py's default: the checkpoint has "
+                                  + ("none in its train_config.yaml" if cfg else "no train_config.yaml")
+                                  + f"; {flag} sets it")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = cfg.get("max_new_tokens") or 4096
     if args.max_new_tokens < 1:
         ap.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     template = args.prompt_template if args.prompt_template is not None else \
@@ -376,9 +407,9 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
     "problem", "gold", "samples": [...], "metrics": problem_metrics}. Problems whose prompt leaves
     no room to generate (`context`) get n empty, wrong samples (finish "prompt_too_long").
     judge(text, gold) -> (answer or None, correct) (make_judge); a call that raises or runs over
-    reward_timeout seconds makes the sample wrong, marked grader_failed. `thinking_opened`: the
-    prompts open a think block (reward.thinking_opened), so a response is judged as "<think>" +
-    response.
+    reward_timeout seconds makes the sample wrong, marked grader_failed. `bar` (tqdm) advances by
+    the samples of each call. `thinking_opened`: the prompts open a think block
+    (reward.thinking_opened), so a response is judged as "<think>" + response.
     """
     records, failed = [], {"errors": 0, "timeouts": 0}
     mine = my_problems(len(rows), rank, world)
@@ -408,7 +439,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
                             "samples": samples,
                             "metrics": problem_metrics(samples, ks, getattr(judge, "same", reward.verify))})
         if bar is not None:
-            bar.update(len(idx))
+            bar.update(len(idx) * n)
     if "first" in failed:
         print(f"warning: {name}: {failed['errors']} grading calls raised and {failed['timeouts']} ran over "
               f"the reward timeout ({reward_timeout}s) on rank {rank}, counted as wrong; first: "
@@ -427,21 +458,119 @@ def gather(records, world):
 
 # ----------------------------------------------------------------------------- protocol
 
-def protocol(args, plan, results, prompt):
+def rows_digest(rows):
+    """SHA-256 of what an evaluation reads of a benchmark: its problems and answers, in order (the
+    prompt is built from the problem, the grader reads the answer; other keys reach neither). So
+    one data set is one digest however its file is serialised, and any change of a problem, an
+    answer or their order is another."""
+    body = json.dumps([[r["problem"], r["answer"]] for r in rows], ensure_ascii=False)
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def preset_overrides(args, plan, problems):
+    """The ways this evaluation departs from its preset, each as the flag that made it ("--data
+    held_out.jsonl", "--temperature 1.0", "--data-dir d (other rows of math500)"), in flag order;
+    [] when it is the preset unmodified, or without a preset. The table shows the paper's reported
+    numbers only beside an unmodified paper protocol, and names these in its protocol line."""
+    preset = PRESETS.get(args.preset)
+    if not preset:
+        return []
+    out = []
+    if args.data:
+        out.append("--data " + " ".join(args.data))
+    elif list(plan) != preset["benchmarks"]:
+        out.append(f"--benchmarks {','.join(plan)}")
+    other = [b for b in plan if b in BENCHMARK_ROWS and rows_digest(problems[b]) != BENCHMARK_ROWS[b]
+             and b not in [os.path.splitext(os.path.basename(f))[0] for f in args.data]]
+    if other:
+        out.append(f"--data-dir {args.data_dir} (other rows of {', '.join(other)})")
+    rule = preset["n"] if isinstance(preset["n"], dict) else {"below_100": preset["n"], "else": preset["n"]}
+    if args.greedy and not preset.get("greedy", False):
+        out.append("--greedy")
+    elif any(n != rule["below_100" if len(problems[b]) < 100 else "else"] for b, (n, _) in plan.items()):
+        out.append(f"-n {args.n}")
+    for flag, key in (("--temperature", "temperature"), ("--top-p", "top_p"),
+                      ("--max-new-tokens", "max_new_tokens"), ("--prompt-template", "prompt_template")):
+        if key in args.given and args.given[key] != preset.get(key) and not (
+                args.greedy and key in ("temperature", "top_p")):  # --greedy's, named above
+            value = args.given[key]
+            out.append(f"{flag} {value!r}" if key == "prompt_template" else f"{flag} {value}")
+    if args.max_problems is not None:
+        out.append(f"--max-problems {args.max_problems}")
+    if args.grader != reward.DEFAULT_GRADER:
+        out.append(f"--grader {args.grader}")
+    return out
+
+
+def protocol(args, plan, problems, prompt):
     """What must be equal for two results to share a table: the benchmarks with their samples per
-    problem, problem counts and data (the file's SHA-256: another version of a benchmark is another
-    benchmark), sampling, response cap, the prompt (`prompt`: a problem's prompt with the problem
-    left as "{problem}", so the checkpoint's chat template counts too; its SHA-256) and grader (not
-    the seed)."""
-    def sha256(b):
-        return hashlib.sha256(b).hexdigest()
+    problem, problem counts and data (rows_digest of all its rows: another version of a benchmark
+    is another benchmark), sampling, response cap, the prompt (`prompt`: a problem's prompt with
+    the problem left as "{problem}", so the checkpoint's chat template counts too; its SHA-256) and
+    grader (not the seed); and the preset's overrides (preset_overrides), which follow from the
+    rest. `problems`: {benchmark: all its rows}, before --max-problems."""
     return {"preset": args.preset,
-            "benchmarks": {b: {"n": n, "problems": results[b]["problems"],
-                               "sha256": sha256(open(args.files[b], "rb").read())}
+            "benchmarks": {b: {"n": n, "problems": len(problems[b][:args.max_problems]),
+                               "rows_sha256": rows_digest(problems[b])}
                            for b, (n, _) in plan.items()},
             "temperature": args.temperature, "top_p": args.top_p, "max_new_tokens": args.max_new_tokens,
-            "prompt_template": args.template, "prompt_sha256": sha256(prompt.encode("utf-8")),
-            "max_problems": args.max_problems, "grader": args.grader}
+            "prompt_template": args.template,
+            "prompt_sha256": hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
+            "max_problems": args.max_problems, "grader": args.grader,
+            "overrides": preset_overrides(args, plan, problems)}
+
+
+def start_lines(args, *, prompt, chat, plan, prompts, context, world):
+    """What eval.py says before it samples, so that a long evaluation shows at once what it will do:
+    the benchmarks (problems x samples, the total); the prompt (`prompt`: a problem's, the problem
+    left as "{problem}"; `chat`: the tokenizer has a chat template) and the response cap, each with
+    where it came from (a flag, the preset, the checkpoint's train_config.yaml or eval.py's default),
+    and how the model's `context` clips the cap; the generate calls of rank 0 (of `world`), which
+    the progress bar counts. `prompts`: {benchmark: token ids of each prompt}."""
+    sizes = {b: len(p) for b, p in prompts.items()}
+    total = sum(sizes[b] * n for b, (n, _) in plan.items())
+    lines = [f"{args.ckpt}: {len(plan)} benchmark(s), {total:,} samples ("
+             + ", ".join(f"{b} {sizes[b]} x {n}" for b, (n, _) in plan.items()) + ")"]
+    kind = ("the tokenizer's chat template" if chat else "the plain template (the tokenizer has no chat "
+            "template)") if args.template is None else "the template"
+    lines.append(f"prompt: {kind} {prompt!r} (from {args.sources['prompt_template']})")
+    cap = f"response cap: {args.max_new_tokens} tokens (from {args.sources['max_new_tokens']})"
+    lengths = [len(p) for ps in prompts.values() for p in ps]
+    room = [context - n for n in lengths if n < context] if context else []
+    clipped = [r for r in room if r < args.max_new_tokens]
+    if clipped:
+        cap += (f"; the model's context of {context} tokens clips it to {min(clipped)}-{max(clipped)} "
+                f"tokens for {len(clipped):,} of {len(lengths):,} prompts")
+    lines.append(cap)
+    if context and len(room) < len(lengths):
+        lines.append(f"warning: {len(lengths) - len(room)} prompts do not fit the model's context of "
+                     f"{context} tokens: their samples count as wrong")
+    calls = sum(math.ceil(len(my_problems(sizes[b], 0, world))
+                          / (args.chunk_size or math.ceil(SEQS_PER_CALL / n))) for b, (n, _) in plan.items())
+    lines.append(f"sampling: T {args.temperature}, top_p {args.top_p}, seed {args.seed}, on {world} rank(s); "
+                 f"the progress bar moves once per generate call of rank 0 ({calls} call(s), of up "
+                 f"to {args.chunk_size or SEQS_PER_CALL} {'problems' if args.chunk_size else 'samples'}; a "
+                 f"smaller --chunk-size moves it more often, at some speed)")
+    return lines
+
+
+def keep_other_protocol(out, proto):
+    """Refuse, before any sampling, to replace the results at `out` (--out; by default one per
+    checkpoint) when they were evaluated under another protocol than `proto`: an evaluation with
+    other settings must not destroy the earlier one. The same protocol again replaces them."""
+    if not os.path.exists(out):
+        return
+    try:
+        with open(out) as f:
+            earlier = json.load(f).get("protocol")
+    except (OSError, ValueError, AttributeError):  # not JSON, or not an object
+        earlier = None
+    if earlier != proto:
+        keys = sorted(k for k in set(earlier or {}) | set(proto) if (earlier or {}).get(k) != proto.get(k))
+        what = f"an evaluation under another protocol (it differs in {', '.join(keys)})" if earlier \
+            else "something that is not a results.json of this eval.py"
+        raise UserError(f"{out} holds {what}, which this evaluation would replace: give --out another "
+                        f"file (or remove it to replace it)")
 
 
 # ----------------------------------------------------------------------------- main
@@ -474,36 +603,48 @@ def main(argv=None):
     problems = {name: data.load_problems(path) for name, path in args.files.items()}
     # n per benchmark by its full size (AIME stays avg@32 when --max-problems cuts it)
     plan = {name: samples_and_ks(args, len(rows)) for name, rows in problems.items()}
+    prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
+    proto = protocol(args, plan, problems, prompt)
+    keep_other_protocol(args.out, proto)
     problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
+    # tokenized as rollout tokenizes a text prompt; verbose=False: transformers would warn of the
+    # tokenizer's model_max_length, which need not be the model's context (the demo's: 4,096 and 512)
     prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
-                                add_special_tokens=True)["input_ids"] for r in rows]
-               for name, rows in problems.items()}  # tokenized as rollout tokenizes a text prompt
+                                add_special_tokens=True, verbose=False)["input_ids"] for r in rows]
+               for name, rows in problems.items()}
     context = context_length(args.ckpt)
     longest = max(len(p) for ps in prompts.values() for p in ps)
     max_model_len = longest + args.max_new_tokens if context is None else \
         min(context, longest + args.max_new_tokens)
+    if rank == 0:
+        print("\n".join(start_lines(args, prompt=prompt, chat=bool(getattr(tokenizer, "chat_template", None)),
+                                    plan=plan, prompts=prompts, context=context, world=world)), flush=True)
     engine = rollout.make_engine(args.ckpt, backend=args.backend, dtype=args.dtype,
                                  max_model_len=max_model_len, seed=args.seed)
     t_sample, results, all_records, clock = time.time(), {}, {}, {"generate_s": 0.0}
     chunks = {}
+    # One bar over every sample of the evaluation, so that its rate and estimate are the whole run's
+    mine = sum(len(my_problems(len(rows), rank, world)) * plan[name][0] for name, rows in problems.items())
+    bar = tqdm(total=mine, unit="sample", disable=rank != 0,
+               desc="sampling" if world == 1 else f"sampling (rank 0 of {world})")
     for name, rows in problems.items():
         n, ks = plan[name]
         chunk_size = chunks[name] = args.chunk_size or math.ceil(SEQS_PER_CALL / n)
-        mine = len(my_problems(len(rows), rank, world))
-        bar = tqdm(total=mine, desc=name if world == 1 else f"{name} (rank 0 of {world})",
-                   unit="problem", disable=rank != 0)
+        bar.set_postfix_str(name)
         records = gather(sample_benchmark(
             engine, name, rows, prompts[name], n=n, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=chunk_size,
             ks=ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
             world=world, context=max_model_len, clock=clock, bar=bar,
             thinking_opened=reward.thinking_opened(data.build_prompt(tokenizer, "", args.template))), world)
-        bar.close()
         if rank == 0:
             results[name], all_records[name] = summarize(records, ks), records
-            if results[name]["prompt_too_long"]:
-                print(f"warning: {name}: {results[name]['prompt_too_long']} prompts do not fit the "
-                      f"context of {max_model_len} tokens; their samples count as wrong")
+            if results[name]["truncation_rate"] > 0.5:
+                bar.write(f"warning: {name}: {results[name]['truncation_rate']:.0%} of the responses hit "
+                          f"the length limit ({args.max_new_tokens} tokens, or the context of "
+                          f"{max_model_len}): the model may not stop under this prompt, or the cap be too "
+                          f"low (the prompt and cap, and where each comes from, are printed above)")
+    bar.close()
     t_end = time.time()
     if rank != 0:
         policy.end_distributed()  # waits for rank 0's, after the files are written
@@ -513,9 +654,9 @@ def main(argv=None):
     samples_path = os.path.splitext(args.out)[0] + "_samples.jsonl"
     cfg = train_config(args.ckpt)
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
-    prompt = data.build_prompt(tokenizer, "{problem}", args.template)  # the template, for protocol
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
-           "protocol": protocol(args, plan, results, prompt),
+           "train_config": cfg,  # table.py averages seeds of one configuration only
+           "protocol": proto,
            "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},
                       "k": one([ks for _, ks in plan.values()]) or {b: ks for b, (_, ks) in plan.items()},

@@ -3,10 +3,12 @@
     python eval.py --table runs/*/step_000500/eval/results.json --out table.md   # and table.csv
 
 It reads results.json files (eval.py writes one per evaluation, with the protocol it used) and
-never a model: a row per run, a row of the mean over seeds of each method, the paper's reported
-numbers as a reference row under the paper protocol; Markdown, and CSV beside it. It refuses to
-put two protocols side by side, or two results of one run.
-  run_cells, seed_cells  a run's cells, and a method's over its seeds (Student's t: t975)
+never a model: a row per run, a row of the mean over the seeds of each training configuration,
+the paper's reported numbers as a reference row under the paper protocol unmodified; Markdown, and
+CSV beside it. It refuses to put two protocols side by side, or two results of one run.
+  run_cells, seed_cells  a run's cells, and a configuration's over its seeds (Student's t: t975)
+  configuration, config_names  which runs are seeds of one configuration, and its name
+  flags_to_match         when protocols differ: the flags to evaluate again with (shell_arg quotes)
   write_table            the check of the protocols, the rows, the Markdown and the CSV
 Not here: how a protocol is recorded (eval.protocol), nor any sampling or grading (eval.py).
 """
@@ -59,7 +61,8 @@ def run_cells(result):
 
 
 def seed_cells(runs):
-    """{column: (mean %, Student's t 95% half-width over the runs)} of several runs of one method."""
+    """{column: (mean %, Student's t 95% half-width over the runs)} of several seeds of one
+    configuration."""
     out = {}
     for col in runs[0]:
         vals = [r[col][0] for r in runs]
@@ -69,13 +72,92 @@ def seed_cells(runs):
     return out
 
 
-def write_table(paths, out):
-    """The Markdown table of several results.json (one protocol) at `out`, and a CSV beside it.
+# What tells the runs of one configuration apart: its seed and where it is written (wandb_run_name
+# names a run as out_dir does). Runs whose training configs are equal but for these are seeds of one
+# configuration, and only those are averaged: a method's name alone would merge grpo with grpo and
+# an entropy bonus, or the runs of a learning-rate sweep.
+RUN_KEYS = ("seed", "out_dir", "wandb_run_name")
 
-    A row per run (method, seed, checkpoint); for each method and checkpoint name (step_000500)
-    with runs of two or more seeds, a row of their mean with its interval over seeds; then, under
-    the paper preset, the paper's reported numbers, marked as a reference: they come from the
-    paper's own protocol (beside other benchmarks they would only mislead).
+
+def configuration(cfg):
+    """A training config (train_config.yaml, as results.json records it) without RUN_KEYS, its
+    `loss` overrides as loss.<key>: equal for the seeds of one configuration."""
+    out = {k: v for k, v in cfg.items() if k not in RUN_KEYS and k != "loss"}
+    out.update({f"loss.{k}": v for k, v in (cfg.get("loss") or {}).items()})
+    return out
+
+
+def config_names(configs):
+    """A name per configuration (configuration() dicts; None for a model without a training config):
+    its method and the settings in which the configurations of that method in the table differ
+    ("grpo, loss.entropy_coef=0.001" beside "grpo, loss.entropy_coef=default", a key left unset)."""
+    names = []
+    for c in configs:
+        if c is None:
+            names.append(None)
+            continue
+        same = [o for o in configs if o is not None and o.get("method") == c.get("method")]
+        keys = sorted(k for k in set().union(*same)
+                      if len({json.dumps([k in o, o.get(k)], sort_keys=True) for o in same}) > 1)
+        names.append(", ".join([str(c.get("method") or "?")] + [f"{k}={c.get(k, 'default')}" for k in keys]))
+    return names
+
+
+def shell_arg(text):
+    """`text` as one shell word on one line: as it is when it is safe, else in bash's $'...' quotes,
+    so a template's newlines and backslashes can be pasted back."""
+    if text and all(c.isalnum() or c in "_-.,/:=+@%" for c in text):
+        return text
+    for c, escaped in (("\\", "\\\\"), ("'", "\\'"), ("\n", "\\n"), ("\t", "\\t")):
+        text = text.replace(c, escaped)
+    return "$'" + text + "'"
+
+
+def flags_to_match(want, have):
+    """The eval.py flags that turn protocol `have` into `want` (where they differ), for the message
+    that refuses to put them side by side: what to evaluate again with, not only what differs."""
+    out = []
+    if want["preset"] != have["preset"]:
+        out.append(f"--preset {want['preset']}" if want["preset"] else "no --preset")
+    wb, hb = want["benchmarks"], have["benchmarks"]
+    if list(wb) != list(hb):
+        out.append("--benchmarks " + ",".join(wb) + " (or --data files of these names)")
+    else:
+        if any(wb[b]["n"] != hb[b]["n"] for b in wb):
+            ns = {v["n"] for v in wb.values()}
+            out.append(f"-n {ns.pop()}" if len(ns) == 1 else
+                       "the samples per problem of " + ", ".join(f"{b} {v['n']}" for b, v in wb.items()))
+        other = [b for b in wb if wb[b].get("rows_sha256") != hb[b].get("rows_sha256")]
+        if other:
+            out.append(f"the same data for {', '.join(other)} (their problems or answers differ)")
+    if want["temperature"] == 0 and have["temperature"] != 0:
+        out.append("--greedy")
+    else:
+        for key, flag in (("temperature", "--temperature"), ("top_p", "--top-p")):
+            if want[key] != have[key]:
+                out.append(f"{flag} {want[key]}")
+    for key, flag in (("max_new_tokens", "--max-new-tokens"), ("max_problems", "--max-problems"),
+                      ("grader", "--grader")):
+        if want.get(key) != have.get(key):
+            out.append(f"{flag} {want[key]}" if want.get(key) is not None else f"no {flag}")
+    if want["prompt_template"] != have["prompt_template"]:
+        out.append("--prompt-template " + ("default" if want["prompt_template"] is None
+                                           else shell_arg(want["prompt_template"])))
+    elif want.get("prompt_sha256") != have.get("prompt_sha256"):
+        out.append("one --prompt-template for both (their checkpoints' chat templates differ)")
+    return " ".join(out)
+
+
+def write_table(paths, out=None):
+    """The Markdown table of several results.json (one protocol), printed, and written at `out`
+    with a CSV beside it (out None: printed only, so that nothing lands where the command runs).
+
+    A row per run (its configuration's name, seed, checkpoint); for each configuration (training
+    configs equal but for RUN_KEYS) and checkpoint name (step_000500) with runs of two or more
+    seeds, a row of their mean with its interval over seeds; then, under the paper preset
+    unmodified, the paper's reported numbers, marked as a reference: they come from the paper's own
+    protocol (beside other benchmarks, settings or data they would only mislead). The protocol
+    line names the preset's overrides.
     -> the Markdown text."""
     results = []
     for path in paths:
@@ -89,36 +171,46 @@ def write_table(paths, out):
         if not isinstance(result, dict) or "protocol" not in result or "benchmarks" not in result:
             raise UserError(f"--table: {path} records no protocol (not a results.json of this eval.py, "
                             f"or one written before protocols were recorded): evaluate it again")
+        if any("sha256" in b for b in result["protocol"]["benchmarks"].values()):
+            raise UserError(f"--table: {path} records its benchmarks by their files' bytes (an eval.py of "
+                            f"before the digest of the problems and answers read): evaluate it again")
         results.append(result)
     first = results[0]["protocol"]
     for path, result in zip(paths[1:], results[1:]):
         if result["protocol"] != first:
             keys = sorted(k for k in set(first) | set(result["protocol"])
                           if first.get(k) != result["protocol"].get(k))
+            ckpt, ckpt0 = result.get("ckpt", path), results[0].get("ckpt", paths[0])
             raise UserError(f"--table: {path} was evaluated under another protocol than {paths[0]} "
                             f"(they differ in {', '.join(keys)}: {[result['protocol'].get(k) for k in keys]} "
-                            f"against {[first.get(k) for k in keys]}); evaluate both with the same --preset")
+                            f"against {[first.get(k) for k in keys]}); to compare them, evaluate {ckpt} "
+                            f"again with {flags_to_match(first, result['protocol'])} (or {ckpt0} with "
+                            f"{flags_to_match(result['protocol'], first)})")
     cols = list(first["benchmarks"]) + ["avg"]
     rows = []  # (label, kind, {col: (value, half or None)})
-    by_method = {}
-    for path, result in zip(paths, results):
-        method = result.get("method") or "?"
-        ckpt = result.get("ckpt") or path
+    configs = [configuration(r["train_config"]) if r.get("train_config") else None for r in results]
+    groups = {}  # (configuration, checkpoint name) -> {seed: (path, cells)}; a model without one alone
+    for path, result, config, name in zip(paths, results, configs, config_names(configs)):
+        ckpt, seed = result.get("ckpt") or path, result.get("seed")
         where = os.path.join(os.path.basename(os.path.dirname(ckpt)), os.path.basename(ckpt))
-        label = f"{method} (seed {result.get('seed')}, {where})"
         cells = run_cells(result)
+        label = f"{name} (seed {seed}, {where})" if name else f"{where} (no training config)"
         rows.append((label, "run", cells))
-        runs = by_method.setdefault((method, os.path.basename(ckpt)), {})
-        if result.get("seed") in runs:  # the mean over seeds would count it once, silently
-            raise UserError(f"--table: {path} is a second result of {method}, seed {result.get('seed')}, "
-                            f"{os.path.basename(ckpt)} ({runs[result.get('seed')][0]} is the first): give "
-                            f"one results.json per run")
-        runs[result.get("seed")] = (path, cells)
-    for (method, step), runs in by_method.items():
+        key = json.dumps(config, sort_keys=True) if config is not None else os.path.abspath(ckpt)
+        runs = groups.setdefault((key, name, os.path.basename(ckpt)), {})
+        if seed in runs:  # the mean over seeds would count it once, silently
+            raise UserError(f"--table: {path} is a second result of {name or where}, seed {seed}, "
+                            f"{os.path.basename(ckpt)} ({runs[seed][0]} is the first): give one results.json "
+                            f"per run")
+        runs[seed] = (path, cells)
+    for (_, name, step), runs in groups.items():
         if len(runs) > 1:
-            rows.append((f"{method}, {step}: mean of {len(runs)} seeds", "seeds",
+            rows.append((f"{name}, {step}: mean of {len(runs)} seeds", "seeds",
                          seed_cells([cells for _, cells in runs.values()])))
-    for method, numbers in PAPER_REPORTED.items() if first["preset"] == "paper" else ():
+    # An override (another data set, temperature, cap, problem count...) would make them a false
+    # comparison; a results.json without the record of its overrides gets no reference row either.
+    unmodified_paper = first["preset"] == "paper" and first.get("overrides") == []
+    for method, numbers in PAPER_REPORTED.items() if unmodified_paper else ():
         rows.append((f"{method} as reported by the TEPO paper (its protocol)", "reference",
                      {c: (numbers[c], None) for c in cols if c in numbers}))
 
@@ -131,7 +223,8 @@ def write_table(paths, out):
     ns = [f"{b} {v['n']}" for b, v in p["benchmarks"].items()]
     ns = ", ".join(ns) if len({v["n"] for v in p["benchmarks"].values()}) > 1 else ns[0].split()[-1]
     lines = [f"Accuracy (avg@n, %) with 95% intervals: over problems and samples for a run, over seeds "
-             f"for a method's mean (Student's t). Protocol: {p['preset'] or 'custom'}; n = {ns}; "
+             f"for a configuration's mean (Student's t). Protocol: {p['preset'] or 'custom'}"
+             + (f", modified by {', '.join(p['overrides'])}" if p.get("overrides") else "") + f"; n = {ns}; "
              f"T {p['temperature']}, top_p {p['top_p']}, up to {p['max_new_tokens']} response tokens"
              + (f"; the first {p['max_problems']} problems of each benchmark" if p["max_problems"] else "")
              + ". n/r: not reported.", "",
@@ -140,6 +233,9 @@ def write_table(paths, out):
         name = f"*{label}*" if kind == "reference" else f"**{label}**" if kind == "seeds" else label
         lines.append(f"| {name} | " + " | ".join(show(cells.get(c)) for c in cols) + " |")
     text = "\n".join(lines) + "\n"
+    if out is None:
+        print(text + "(not written: --out FILE.md writes it, and a .csv beside it)")
+        return text
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         f.write(text)

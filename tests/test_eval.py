@@ -205,8 +205,9 @@ def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
         ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "paper"])
 
 
-def fake_result(path, method, seed, accs, protocol=None, step="step_000100"):
-    """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize."""
+def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run=None, **settings):
+    """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize,
+    of the checkpoint /runs/<run>/<step> (run: method-s<seed>) trained with `settings`."""
     benchmarks = {}
     for name, per_problem in accs.items():
         records = [{"samples": [{"tokens": 1, "finish_reason": "stop"}], "metrics": {"accuracy": a}}
@@ -215,10 +216,13 @@ def fake_result(path, method, seed, accs, protocol=None, step="step_000100"):
     proto = protocol or {"preset": "paper", "benchmarks": {b: {"n": 4, "problems": len(v)}
                                                            for b, v in accs.items()},
                          "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 3072,
-                         "prompt_template": None, "max_problems": None, "grader": "rule"}
+                         "prompt_template": None, "max_problems": None, "grader": "rule", "overrides": []}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"ckpt": f"/runs/{method}-s{seed}/{step}", "method": method, "seed": seed,
+        run = run or f"{method}-s{seed}"
+        json.dump({"ckpt": f"/runs/{run}/{step}", "method": method, "seed": seed,
+                   "train_config": {"method": method, "seed": seed, "out_dir": f"/runs/{run}", "lr": 1e-6,
+                                    "loss": {}, **settings},
                    "protocol": proto, "benchmarks": benchmarks}, f)
     return str(path)
 
@@ -258,6 +262,119 @@ def test_the_papers_numbers_stand_beside_the_paper_protocol_only(tmp_path):
     assert "as reported by the TEPO paper" not in text and "| tepo (seed 0, tepo-s0/step_000100) |" in text
 
 
+def overrides(argv):
+    """preset_overrides of the evaluation `argv` would run, as eval.main computes them."""
+    import data
+    a = ev.parse_args(argv)
+    problems = {b: data.load_problems(f) for b, f in a.files.items()}
+    return ev.preset_overrides(a, {b: ev.samples_and_ks(a, len(rows)) for b, rows in problems.items()}, problems)
+
+
+def test_a_preset_modified_names_each_flag_that_modified_it(fake_ckpt, tmp_path):
+    from qwen_math import DATA_DIR, need_shared
+    need_shared(DATA_DIR)
+    ckpt, data = fake_ckpt
+    paper = ["--ckpt", ckpt, "--preset", "paper", "--data-dir", DATA_DIR]
+    assert overrides(paper) == [] and overrides(paper + ["--temperature", "0.6", "--top-p", "0.95"]) == []
+    assert overrides(paper + ["-n", "4"]) == ["-n 4"]  # avg@4 on AIME too
+    assert overrides(paper + ["--data", f"{data}/mine.jsonl", "--temperature", "1.0", "--max-new-tokens",
+                              "64", "--max-problems", "2", "--top-p", "0.95"]) == \
+        [f"--data {data}/mine.jsonl", "--temperature 1.0", "--max-new-tokens 64", "--max-problems 2"]
+    assert overrides(paper + ["--benchmarks", "math500,aime24", "-n", "8", "--grader", "rule+math_verify",
+                              "--prompt-template", "Q {problem}"]) == \
+        ["--benchmarks math500,aime24", "-n 8", "--prompt-template 'Q {problem}'"]
+    assert overrides(paper + ["--grader", "rule"]) == ["--grader rule"]  # the rules alone: another grader
+    assert overrides(paper + ["--greedy", "--max-new-tokens", "3072"]) == ["--greedy"]
+    # the seven benchmarks in another data dir: a row changed is named, the same rows are not
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in ev.BENCHMARKS.values():
+        rows = [json.loads(line) for line in open(os.path.join(DATA_DIR, f))]
+        if f == "amc23.jsonl":
+            rows[3]["answer"] = "12345"
+        (other / f).write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n"
+                                       for r in rows))
+    assert overrides(["--ckpt", ckpt, "--preset", "paper", "--data-dir", str(other)]) == \
+        [f"--data-dir {other} (other rows of amc23)"]
+    quick = ["--ckpt", ckpt, "--preset", "quick", "--data-dir", DATA_DIR, "--benchmarks", "math500"]
+    assert overrides(quick + ["--greedy"]) == ["--benchmarks math500"]
+    assert overrides(quick + ["--temperature", "0.6"]) == ["--benchmarks math500", "--temperature 0.6"]
+    assert overrides(["--ckpt", ckpt, "--data-dir", DATA_DIR, "--benchmarks", "math500"]) == []  # no preset
+
+
+def test_the_table_averages_the_seeds_of_one_training_configuration_only(tmp_path):
+    """grpo seed 0 and grpo with an entropy bonus seed 1 share a method, not a configuration: two
+    rows named apart, no mean (it was 'grpo, final: mean of 2 seeds'); at equal seeds both are
+    shown (the second was refused as a second result of one run). Seeds of one configuration,
+    written to other out_dirs, are averaged; the runs of an lr sweep are not."""
+    grpo = fake_result(tmp_path / "a.json", "grpo", 0, {"math500": [1, 1]}, step="final", run="grpo-s0")
+    ent = fake_result(tmp_path / "b.json", "grpo", 1, {"math500": [0, 0]}, step="final", run="grpo-ent-s1",
+                      loss={"entropy_coef": 0.001})
+    ent0 = fake_result(tmp_path / "c.json", "grpo", 0, {"math500": [0, 1]}, step="final", run="grpo-ent-s0",
+                       loss={"entropy_coef": 0.001})
+    text = table.write_table([grpo, ent], str(tmp_path / "t.md"))
+    assert "mean of" not in text
+    assert "| grpo, loss.entropy_coef=default (seed 0, grpo-s0/final) | 100.00" in text
+    assert "| grpo, loss.entropy_coef=0.001 (seed 1, grpo-ent-s1/final) | 0.00" in text
+    text = table.write_table([grpo, ent0, ent], str(tmp_path / "t.md"))
+    assert "| **grpo, loss.entropy_coef=0.001, final: mean of 2 seeds** | 25.00 ± " in text
+    assert text.count("mean of") == 1
+    sweep = [fake_result(tmp_path / f"lr{i}.json", "tepo", 0, {"math500": [1, 0]}, run=f"tepo-lr{i}", lr=lr)
+             for i, lr in enumerate((1e-6, 2e-6))]
+    sweep.append(fake_result(tmp_path / "lr0s1.json", "tepo", 1, {"math500": [1, 1]}, run="tepo-lr0-s1"))
+    text = table.write_table(sweep, str(tmp_path / "t.md"))
+    assert "| tepo, lr=2e-06 (seed 0, tepo-lr1/step_000100) |" in text
+    assert "| **tepo, lr=1e-06, step_000100: mean of 2 seeds** | 75.00 ± " in text and text.count("mean of") == 1
+
+
+def test_the_tables_refusal_names_the_flags_that_make_the_protocols_equal(tmp_path):
+    """The demo's pair: the pre-trained model evaluated with eval.py's defaults (no training config:
+    the plain prompt, 4,096 tokens) and the final checkpoint with its own template and 64-token cap.
+    The refusal said "evaluate both with the same --preset", which does not help; it names the flags,
+    the template quoted so that bash gives it back."""
+    base = {"preset": None, "benchmarks": {"test": {"n": 4, "problems": 2, "rows_sha256": "ab"}},
+            "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4096, "prompt_template": None,
+            "prompt_sha256": "cd", "max_problems": None, "grader": "rule", "overrides": []}
+    template = "{problem}\nAnswer in \\boxed{}.\n"
+    final = {**base, "max_new_tokens": 64, "prompt_template": template, "prompt_sha256": "ef"}
+    a = fake_result(tmp_path / "a.json", None, None, {"test": [1, 0]}, protocol=base, run="demo")
+    b = fake_result(tmp_path / "b.json", "tepo", 0, {"test": [1, 1]}, protocol=final, run="demo/rl", step="final")
+    with pytest.raises(ev.UserError) as e:
+        table.write_table([a, b], str(tmp_path / "t.md"))
+    quoted = "$'{problem}\\nAnswer in \\\\boxed{}.\\n'"
+    assert str(e.value).endswith(f"evaluate /runs/demo/rl/final again with --max-new-tokens 4096 --prompt-template "
+                                 f"default (or /runs/demo/step_000100 with --max-new-tokens 64 --prompt-template {quoted})")
+    assert subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, text=True).stdout == template
+    other = {**base, "preset": "paper", "temperature": 0.6, "top_p": 0.95, "max_problems": 2, "grader": "math_verify",
+             "benchmarks": {"test": {"n": 32, "problems": 2, "rows_sha256": "00"}}}
+    assert table.flags_to_match(other, base) == ("--preset paper -n 32 the same data for test (their problems or "
+                                                 "answers differ) --temperature 0.6 --top-p 0.95 --max-problems 2 "
+                                                 "--grader math_verify")
+    assert table.flags_to_match(base, other) == ("no --preset -n 4 the same data for test (their problems or answers "
+                                                 "differ) --temperature 1.0 --top-p 1.0 no --max-problems --grader rule")
+    assert table.flags_to_match({**base, "temperature": 0.0}, base) == "--greedy"
+    assert table.flags_to_match({**base, "prompt_sha256": "00"}, base) == \
+        "one --prompt-template for both (their checkpoints' chat templates differ)"
+
+
+def test_the_prompt_and_the_cap_say_where_they_come_from(fake_ckpt):
+    ckpt, data = fake_ckpt
+    common = ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "math500"]
+    a = ev.parse_args(common)
+    assert a.sources == {"prompt_template": "the checkpoint's train_config.yaml",
+                         "max_new_tokens": "the checkpoint's train_config.yaml"}
+    assert ev.start_lines(a, prompt="P {problem}", chat=False, plan={"math500": (16, [1, 8, 16])},
+                          prompts={"math500": [[1, 2, 3]]}, context=None, world=1)[1:3] == [
+        "prompt: the template 'P {problem}' (from the checkpoint's train_config.yaml)",
+        "response cap: 77 tokens (from the checkpoint's train_config.yaml)"]
+    a = ev.parse_args(common + ["--preset", "paper", "--max-new-tokens", "64"])
+    assert a.sources == {"prompt_template": "--preset paper", "max_new_tokens": "--max-new-tokens"}
+    os.remove(os.path.join(ckpt, "train_config.yaml"))
+    a = ev.parse_args(common + ["--prompt-template", "Q {problem}"])
+    assert a.sources == {"prompt_template": "--prompt-template", "max_new_tokens": "eval.py's default: the "
+                         "checkpoint has no train_config.yaml; --max-new-tokens sets it"} and a.max_new_tokens == 4096
+
+
 def test_the_table_refuses_a_second_result_of_one_run(tmp_path):
     """Two results of one method, seed and checkpoint (evaluated twice): the mean over seeds would
     count one of them silently; it is an error naming both files."""
@@ -273,7 +390,9 @@ def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp
     other = {**other, "temperature": 1.0}
     b = fake_result(tmp_path / "b.json", "grpo", 0, {"math500": [1, 0]}, protocol=other)
     with pytest.raises(ev.UserError, match=r"b\.json was evaluated under another protocol than .*a\.json "
-                                           r"\(they differ in temperature: \[1\.0\] against \[0\.6\]\)"):
+                                           r"\(they differ in temperature: \[1\.0\] against \[0\.6\]\); to "
+                                           r"compare them, evaluate /runs/grpo-s0/step_000100 again with "
+                                           r"--temperature 0\.6 \(or /runs/tepo-s0/step_000100 with --temperature 1\.0\)"):
         table.write_table([a, b], str(tmp_path / "t.md"))
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"benchmarks": {}}))
@@ -283,6 +402,95 @@ def test_the_table_refuses_results_of_another_protocol_and_files_without_one(tmp
     run = subprocess.run([sys.executable, "eval.py", "--table", a, b, "--out", str(tmp_path / "t.md")],
                          cwd=ev.os.path.dirname(ev.__file__), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stderr.startswith("error: --table:") and "another protocol" in run.stderr
+
+
+def test_an_evaluation_under_another_protocol_does_not_replace_the_earlier_one(tiny_model_dir, tmp_path):
+    """The default --out is one per checkpoint: an evaluation with other settings stops at start,
+    naming --out, and the earlier results stay as they were (they were overwritten silently)."""
+    import shutil
+    ckpt = shutil.copytree(tiny_model_dir, tmp_path / "ckpt")
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    earlier = fake_result(ckpt / "eval" / "results.json", "tepo", 0, {"math500": [1, 0]})
+    before = open(earlier).read()
+    with pytest.raises(ev.UserError, match=r"eval/results\.json holds an evaluation under another protocol "
+                                           r"\(it differs in benchmarks, .*temperature.*\), .*give --out another file"):
+        ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--temperature", "1.0", "--backend", "hf"])
+    assert open(earlier).read() == before and not (ckpt / "eval" / "results_samples.jsonl").exists()
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]")
+    with pytest.raises(ev.UserError, match=r"other\.json holds something that is not a results\.json"):
+        ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--backend", "hf", "--out", str(other)])
+
+
+@pytest.mark.slow
+def test_a_model_without_a_training_config_is_told_its_prompt_and_warned_of_its_responses_cut(
+        tiny_model_dir, tmp_path, capsys):
+    """The demo's pre-trained model has no training config: eval.py prompted it with its default
+    template and let it run to the cap, silently (0.1%). It now says which prompt and cap it uses and
+    where each comes from, and warns when most responses of a benchmark hit the cap."""
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": "4"}\n')
+    ev.main(["--ckpt", tiny_model_dir, "--data", str(bench), "-n", "4", "--temperature", "1.0",
+             "--max-new-tokens", "8", "--backend", "hf", "--out", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert ("prompt: the plain template (the tokenizer has no chat template) '{problem}\\nPlease reason step by "
+            "step, and put your final answer within \\\\boxed{}.\\n' (from eval.py's default: the checkpoint has "
+            "no train_config.yaml; --prompt-template sets it)\nresponse cap: 8 tokens (from --max-new-tokens)\n") in out
+    assert "warning: bench: 100% of the responses hit the length limit (8 tokens" in out
+
+
+@pytest.mark.slow
+def test_a_long_evaluation_says_at_once_what_it_will_do_and_counts_samples(setup, tmp_path, capfd):
+    """Before the engine starts: the benchmarks, problems x samples and their total, the cap and
+    how the model's context clips it, the prompts that do not fit, the calls the bar counts; then
+    one bar over every sample with its rate. No transformers warning of the tokenizer's 4,096-token
+    limit, which is not this model's (256)."""
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"problem": "What is " + "1 plus " * 700 + "1?", "answer": "701"}) + "\n"
+                    + json.dumps({"problem": "What is 3 plus 4?", "answer": "7"}) + "\n")
+    ev.main(["--ckpt", setup["ckpt"], "--data", setup["bench"], str(long), "-n", "2",
+             "--temperature", "1.0", "--max-new-tokens", "240", "--chunk-size", "3", "--backend", "hf",
+             "--out", str(tmp_path / "r.json")])
+    out, err = capfd.readouterr()
+    start = out[:out.index("benchmark ")]  # what is printed before the table of results
+    assert f"{setup['ckpt']}: 2 benchmark(s), 20 samples (fx 8 x 2, long 2 x 2)\n" in start
+    # prompts of 24-251 tokens: 5-232 tokens of the 256-token context left, where the cap is 240
+    assert ("response cap: 240 tokens (from --max-new-tokens); the model's context of 256 tokens clips it to "
+            "5-232 tokens for 8 of 10 prompts\n") in start
+    assert "warning: 2 prompts do not fit the model's context of 256 tokens: their samples count as wrong" in start
+    assert "the progress bar moves once per generate call of rank 0 (4 call(s), of up to 3 problems;" in start
+    assert "20/20 [" in err and ("sample/s]" in err or "s/sample]" in err)
+    assert "Token indices sequence length" not in err + out
+
+
+def test_the_table_is_written_where_out_says_only(tmp_path, monkeypatch, capsys):
+    """Without --out the table is printed, and no table.md / table.csv lands in the working
+    directory (the repository's root, as the commands are run)."""
+    a = fake_result(tmp_path / "r" / "a.json", "tepo", 0, {"math500": [1, 0]})
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    ev.main(["--table", a])
+    assert os.listdir(cwd) == [] and "| tepo (seed 0, tepo-s0/step_000100) | 50.00" in capsys.readouterr().out
+    ev.main(["--table", a, "--out", str(tmp_path / "t" / "table.md")])
+    assert sorted(os.listdir(tmp_path / "t")) == ["table.csv", "table.md"]
+
+
+def test_every_flag_says_what_it_does(monkeypatch):
+    """`eval.py --help` describes every flag (--seed, --backend and --dtype had no text), and its
+    examples use the README's data directory."""
+    import argparse
+    seen = {}
+
+    def grab(parser, argv=None):
+        seen["parser"] = parser
+        raise SystemExit(0)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    with pytest.raises(SystemExit):
+        ev.parse_args([])
+    bare = [a.option_strings for a in seen["parser"]._actions if not a.help]
+    assert bare == [] and "../shared" not in ev.__doc__
 
 
 def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
@@ -407,6 +615,7 @@ def test_end_to_end_results_agree_with_a_regrade_of_the_samples(setup, run0):
     cfg = saved["config"]
     assert cfg["prompt_template"] == TEMPLATE and cfg["max_new_tokens"] == 24    # the checkpoint's
     assert cfg["n"] == 4 and cfg["k"] == [1, 2, 4] and cfg["max_model_len"] == 256
+    assert saved["train_config"] == {"prompt_template": TEMPLATE, "max_new_tokens": 24, "seed": 0}
     m = saved["benchmarks"]["fx"]
     for key in ["problems", "n", "accuracy", "pass@1", "pass@2", "pass@4", "maj@1", "maj@2",
                 "maj@4", "mean_response_tokens", "truncation_rate", "prompt_too_long"]:
@@ -545,3 +754,65 @@ def test_evaluation_judges_a_thinking_models_answer_after_its_thinking():
                                       judge=ev.make_judge("rule"), reward_timeout=5, thinking_opened=opened)
         assert [r["samples"][0]["correct"] for r in records] == want, opened
         assert [r["samples"][0]["response"] for r in records] == texts   # the response as written
+
+
+@pytest.mark.slow
+def test_one_benchmark_in_two_encodings_is_one_protocol_and_other_content_another(setup, tmp_path):
+    """The protocol's digest is of what the evaluation reads (problems and answers, in order), not
+    of the file's bytes: the same rows with other extra keys, key order, escapes and a numeric
+    answer share a table; one answer changed, or two rows swapped, is another protocol."""
+    rows = [{"problem": p, "answer": a} for p, a in PROBLEMS[:3]]
+    encodings = {
+        "plain": [json.dumps(r) for r in rows],
+        "other": [json.dumps({"source": "x", "answer": int(r["answer"]) if r["answer"].isdigit()
+                              else r["answer"], "id": i, "problem": r["problem"]}, ensure_ascii=False,
+                             indent=None, separators=(",", ":")) for i, r in enumerate(rows)],
+        "changed": [json.dumps({**r, "answer": "9" if i == 1 else r["answer"]}) for i, r in enumerate(rows)],
+        "swapped": [json.dumps(r) for r in (rows[1], rows[0], rows[2])]}
+    results = {}
+    for name, lines in encodings.items():
+        f = tmp_path / name / "bench.jsonl"  # one benchmark name: the stem
+        f.parent.mkdir()
+        f.write_text("\n".join(lines) + "\n")
+        out = tmp_path / name / "results.json"
+        ev.main(["--ckpt", setup["ckpt"], "--data", str(f), "-n", "2", "--temperature", "1.0",
+                 "--top-p", "1.0", "--backend", "hf", "--out", str(out)])
+        results[name] = str(out)
+    assert (tmp_path / "plain" / "bench.jsonl").read_bytes() != (tmp_path / "other" / "bench.jsonl").read_bytes()
+    proto = {name: json.load(open(path))["protocol"] for name, path in results.items()}
+    assert proto["plain"] == proto["other"]  # what --table compares
+    for name in ("changed", "swapped"):
+        assert [k for k in proto["plain"] if proto[name][k] != proto["plain"][k]] == ["benchmarks"], name
+
+
+def test_the_table_refuses_results_that_digest_files_by_their_bytes(tmp_path):
+    """A results.json of before records each benchmark file's bytes, which the table cannot compare
+    with a digest of the rows read: it says so, and what to do."""
+    proto = {"preset": None, "benchmarks": {"math500": {"n": 4, "problems": 2, "sha256": "ab" * 32}},
+             "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64, "prompt_template": None,
+             "max_problems": None, "grader": "rule"}
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 0]}, protocol=proto)
+    with pytest.raises(ev.UserError, match=r"a\.json records its benchmarks by their files' bytes .*: evaluate it again"):
+        table.write_table([a], str(tmp_path / "t.md"))
+
+
+@pytest.mark.slow
+def test_the_papers_numbers_are_not_shown_beside_a_modified_paper_protocol(setup, tmp_path):
+    """`--preset paper --data FILE --temperature 1.0 --max-new-tokens 24`: a held-out set at other
+    settings, which the paper's reported row would be falsely compared with. No reference row, and
+    the protocol line names every override."""
+    out = tmp_path / "results.json"
+    ev.main(["--ckpt", setup["ckpt"], "--preset", "paper", "--data", setup["bench"], "--temperature", "1.0",
+             "--max-new-tokens", "24", "--max-problems", "2", "--backend", "hf", "--out", str(out)])
+    text = table.write_table([str(out)], str(tmp_path / "table.md"))
+    assert "as reported by the TEPO paper" not in text, text
+    assert (f"Protocol: paper, modified by --data {setup['bench']}, --temperature 1.0, --max-new-tokens 24, "
+            f"--max-problems 2; n = 32;") in text
+
+
+def test_the_data_digest_is_of_problems_and_answers_in_order():
+    rows = [{"problem": "1+1?", "answer": "2", "source": "a"}, {"problem": "2+2?", "answer": "4"}]
+    same = [{"answer": "2", "problem": "1+1?", "level": 3}, {"problem": "2+2?", "answer": "4"}]
+    assert ev.rows_digest(rows) == ev.rows_digest(same)
+    assert ev.rows_digest(rows) != ev.rows_digest(rows[::-1])
+    assert ev.rows_digest(rows) != ev.rows_digest([rows[0], {"problem": "2+2?", "answer": "5"}])

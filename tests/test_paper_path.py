@@ -7,7 +7,6 @@ of each of the seven benchmarks, and `eval.py --table` over the two checkpoints'
 This also stands for tepo in tests/test_gpu_configs.py's dry runs (the tepo config, trained and
 evaluated); grpo and dapo run there.
 """
-import hashlib
 import json
 import os
 import subprocess
@@ -16,7 +15,8 @@ import sys
 import pytest
 
 import eval as ev
-from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, UPSTREAM, make_qwen_math_model, need_shared
+from data import load_problems
+from qwen_math import DATA_DIR, ROOT, SHARED, TOKENIZER_DIR, UPSTREAM, make_qwen_math_model, need_shared
 from test_data_fetch import Quiet, serve  # noqa: F401  (a fixture)
 from test_gpu_configs import SIZES, torchrun
 
@@ -60,8 +60,13 @@ def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
     assert (p["preset"], p["temperature"], p["top_p"], p["max_new_tokens"], p["max_problems"]) == \
         ("paper", 0.6, 0.95, 12, 2)
     assert got["benchmarks"]["aime24"]["n"] == 32 and got["benchmarks"]["gsm8k"]["k"] == [1, 4]
-    digest = hashlib.sha256(open(data / "math500.jsonl", "rb").read()).hexdigest()
-    assert p["benchmarks"]["math500"]["sha256"] == digest and len(p["prompt_sha256"]) == 64
+    # the digest is of the rows read: data.py fetch's files and ../shared/data's, serialised
+    # otherwise with other extra keys, are one protocol
+    for b, f in ev.BENCHMARKS.items():
+        digest = ev.rows_digest(load_problems(str(data / f)))
+        assert p["benchmarks"][b]["rows_sha256"] == digest == ev.rows_digest(load_problems(os.path.join(DATA_DIR, f)))
+    assert any((data / f).read_bytes() != open(os.path.join(DATA_DIR, f), "rb").read() for f in ev.BENCHMARKS.values())
+    assert len(p["prompt_sha256"]) == 64
 
     table = tmp_path / "table.md"
     run("eval.py", "--table", *results, "--out", str(table))
@@ -69,4 +74,7 @@ def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
     assert "| run | math500 | aime24 | aime25 | amc23 | minerva | olympiadbench | gsm8k | avg |" in text
     for step in ("step_000001", "step_000002"):
         assert f"| tepo (seed 0, math1.5b-tepo/{step}) |" in text
-    assert "| 77.20 |" in text and (tmp_path / "table.csv").exists()
+    # 12-token responses on 2 problems: the paper's reported numbers are no comparison
+    assert p["overrides"] == ["--max-new-tokens 12", "--max-problems 2"]  # the fetched rows are the pinned
+    assert "Protocol: paper, modified by --max-new-tokens 12, --max-problems 2; n = " in text
+    assert "as reported by the TEPO paper" not in text and (tmp_path / "table.csv").exists()
