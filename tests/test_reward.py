@@ -472,7 +472,8 @@ RESPONSES = [
     ("-3, 2", "We get $x = \\boxed{2}$, so $y = \\boxed{-3}$.", False),  # not a list: the last box
     ("2, 3", "The solutions are $\\boxed{2}$ and $\\boxed{3}$.", True),
     ("2", "Maybe $\\boxed{2}$ or $\\boxed{3}$.", False),  # hedging is not an answer
-    ("5", "<think>so x is 4... wait \\boxed{5}", True),
+    ("5", "<think>so x is 4... wait \\boxed{5}", False),  # unfinished thinking: no answer yet
+    ("5", "<think>so x is 4... wait</think> \\boxed{5}", True),
     ("1.6", "Final Answer: The final answer is $1.6$. I hope it is correct.", True),
     ("18", "The answer is 18.", True), ("18", "Janet makes 18 dollars.\n#### 18", True),
     ("5", "The answer is 5, since 2 + 3 = 5.", True), ("5", "The answer is 5 because it is.", True),
