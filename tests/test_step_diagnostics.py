@@ -56,14 +56,14 @@ class Engine:
     def generate(self, prompts, n=1, **kw):  # prompt ids: [problem index]
         return [[rollout.Sample(p, [2], f"p{p[0]}: " + ("\\boxed{7}" if j < correct[p[0] % 5] else "\\boxed{0}"),
                                 [-1.0], "stop") for j in range(n)] for p in prompts]
-rows = [{"problem": f"p{i}", "prompt_ids": [i], "answer": "7"} for i in range(300)]
+rows = [{"problem": f"p{i}", "prompt": f"p{i}", "prompt_ids": [i], "answer": "7"} for i in range(300)]
 cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0, reward_timeout=0.2,
                       eval_data="held_out.jsonl")
 grade = lambda text, answer: (text, text.endswith("\\boxed{" + answer + "}"))
 run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), judge=grade)
 out["eval"] = train.evaluate(run)
-# A grader that raises on problem 3's responses (8 right ones, rank 0) and hangs on the first of
-# problem 134's (5 right ones, rank 1): those count as wrong, and the run goes on.
+# A grader that raises on problem 3's responses (8 right ones, rank 1) and hangs on the first of
+# problem 134's (5 right ones, rank 0): those count as wrong, and the run goes on.
 import time
 seen = set()
 def faulty(text, answer):
@@ -135,6 +135,6 @@ def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     assert res["faulty"]["eval/accuracy"] == pytest.approx(sum(faulty) / (300 * n))
     assert res["faulty"]["eval/pass@8"] == pytest.approx(np.mean([c > 0 for c in faulty]))
     assert "eval/grader_failures" not in res["eval"]
-    assert "held_out: 8 grading calls raised and 0 ran over the reward timeout (0.2s) on rank 0" in out.stdout
-    assert "held_out: 0 grading calls raised and 1 ran over the reward timeout (0.2s) on rank 1" in out.stdout
+    assert "held_out: 8 grading calls raised and 0 ran over the reward timeout (0.2s) on rank 1" in out.stdout
+    assert "held_out: 0 grading calls raised and 1 ran over the reward timeout (0.2s) on rank 0" in out.stdout
     assert "ValueError: bad parse" in out.stdout and "took over reward_timeout=0.2s" in out.stdout

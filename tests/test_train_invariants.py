@@ -247,7 +247,7 @@ class CannedEngine:
     def __init__(self, texts):
         self.texts = texts
 
-    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None, seeds=None):
+    def generate(self, prompts, n=1, max_new_tokens=256, temperature=1.0, top_p=1.0, seed=None, seeds=None, progress=None):
         assert n == len(self.texts)
         return [[rollout.Sample(list(p), [5, 6], t, [-1.0, -1.0], "stop") for t in self.texts]
                 for p in prompts]

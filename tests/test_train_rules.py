@@ -104,7 +104,7 @@ cfg = train.Config(model="m", train_data="d", method="grpo", dynamic_sampling=Tr
 rows = [{"prompt": f"p{i}", "answer": "7"} for i in range(40)]
 run = SimpleNamespace(cfg=cfg, rank=rank, world=2, engine=Engine(), grader=reward.make_grader("rule"),
                       judge=train.ev.make_judge("rule"), rows=rows, state=TrainState(),
-                      eval_rows=[{"problem": f"e{i}", "prompt_ids": [1000 + i], "answer": "7"} for i in range(3)])
+                      eval_rows=[{"problem": f"e{i}", "prompt": f"e{i}", "prompt_ids": [1000 + i], "answer": "7"} for i in range(3)])
 rollouts = train.sample_and_grade(run, step=0)
 groups, drawn, record = rollouts.groups, rollouts.drawn, rollouts.metrics
 out = {"calls": Engine.calls, "kept": len(groups), "drawn": len(drawn), "data_pos": run.state.data_pos,
