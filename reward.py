@@ -646,12 +646,13 @@ def verify(gold, pred, *, rel_tol=1e-4):
     """True when `pred` (the model's) denotes the same mathematical answer as `gold` (reference).
 
     Either may be a bare answer (`\\frac{1}{2}`, `0.5`, `x = 3`) or a whole solution text, whose
-    final answer is extracted first (see extract_answer). `rel_tol` is the relative tolerance used
-    when either side is written as a decimal (`0.3333` vs `\\frac{1}{3}`); exact forms must agree
-    exactly. The rules decide first; where they find the answers different, math-verify gives a
-    second opinion on the two final answers the rules extracted (see _second_opinion). Never raises
-    on str input and returns within about TIME_BUDGET + SECOND_OPINION_TIMEOUT seconds (plus up to
-    SECOND_OPINION_START for the import of a thread's first worker).
+    final answer is extracted first (see extract_answer) from what follows its thinking
+    (after_thinking). `rel_tol` is the relative tolerance used when either side is written as a
+    decimal (`0.3333` vs `\\frac{1}{3}`); exact forms must agree exactly. The rules decide first;
+    where they find the answers different, math-verify gives a second opinion on the two final
+    answers the rules extracted (see _second_opinion). Never raises on str input and returns within
+    about TIME_BUDGET + SECOND_OPINION_TIMEOUT seconds (plus up to SECOND_OPINION_START for the
+    import of a thread's first worker).
     """
     return _judge(gold, pred, rel_tol, second_opinion=True)
 
@@ -661,7 +662,7 @@ def _judge(gold, pred, rel_tol, second_opinion):
         if not isinstance(x, (str, int, float)) or isinstance(x, bool):
             raise TypeError(f"verify: {name} must be a str, got {type(x).__name__}")
     try:
-        gold, pred = _prepare(str(gold)[-MAX_TEXT:]), _prepare(str(pred)[-MAX_TEXT:])
+        gold, pred = _prepare(str(gold)[-MAX_TEXT:]), _prepare(after_thinking(str(pred))[-MAX_TEXT:])
         short = max(len(gold), len(pred)) < MAX_ANSWER
         if short and _squeeze(gold, False) == _squeeze(pred, False) and _squeeze(gold) == _squeeze(pred):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
