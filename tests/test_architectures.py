@@ -51,14 +51,14 @@ def test_rl_steps_resume_and_eval(tmp_path, arch):
     for r in ma:
         assert r["mismatch/abs_mean"] < 1e-5, (r["step"], r["mismatch/abs_mean"])
     assert ma[1]["actor/grad_norm"] > 0 and ma[1]["actor/optimizer_steps"] == 1
-    # One step, then --resume for the second: the same step 2.
+    # Step 2 again, resumed from the run's step-1 checkpoint (a branch into an out_dir of its own,
+    # one launch fewer than a run of one step then --resume): the same step 2.
     cfg_b, out_b = setup_run(tmp_path, model, "resumed", **common)
-    run(cfg_b, "--set", "steps=1", nproc=2, patch=noisy)
-    run(cfg_b, "--resume", nproc=2, patch=noisy)
-    mb = metrics(out_b)
-    assert ma[1].keys() == mb[1].keys()
+    run(cfg_b, "--resume", os.path.join(out_a, "step_000001"), nproc=2, patch=noisy)
+    mb = metrics(out_b)[-1]
+    assert mb["step"] == 2 and ma[1].keys() == mb.keys()
     for k in ma[1]:
-        assert ma[1][k] == pytest.approx(mb[1][k], rel=1e-6, abs=1e-9), k
+        assert ma[1][k] == pytest.approx(mb[k], rel=1e-6, abs=1e-9), k
     import eval as ev
     bench = tmp_path / "held_out.jsonl"
     bench.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
