@@ -1,6 +1,7 @@
-"""The policy's weights and processes: the process group, the model loaded with dropout off and
-sharded with FSDP2, its full weights gathered, and checkpoints saved atomically and restored (the
-run's logs cut back to the checkpoint resumed).
+"""The policy's weights and processes: the process group and reductions over it (all_ranks,
+global_tail), the model loaded with dropout off and sharded with FSDP2, its full weights gathered,
+and checkpoints saved atomically and restored (the run's logs cut back to the checkpoint resumed,
+its config compared with the checkpoint's and put on record in out_dir).
 
 A checkpoint out_dir/step_XXXXXX is an HF model directory (transformers, vLLM and eval.py load it)
 plus `optim/` (torch.distributed.checkpoint, one shard per rank), `trainer_state.json`,
@@ -8,6 +9,7 @@ plus `optim/` (torch.distributed.checkpoint, one shard per rank), `trainer_state
 complete, so a kill at any moment leaves the newest complete checkpoint whole.
 """
 import json
+import math
 import os
 import random
 import re
@@ -92,6 +94,27 @@ def all_ranks(values, op="sum"):
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                            "min": dist.ReduceOp.MIN}[op])
     return dict(zip(keys, t.tolist()))
+
+
+def tail_size(n, q):
+    """How many of the largest of n values reach down to their q-quantile (nearest rank: the
+    ceil(q n)-th smallest, numpy's method="inverted_cdf")."""
+    return n - math.ceil(round(q * n, 9)) + 1
+
+
+def keep_largest(top, values, k):
+    """The k largest of `top` and `values` (1-D tensors)."""
+    both = torch.cat([top, values.float()])
+    return torch.topk(both, min(k, len(both))).values
+
+
+def global_tail(top, n, q):
+    """(max, q-quantile) of n values spread over the ranks, from each rank's tail_size(n, q)
+    largest (`top`). A collective."""
+    tops = [None] * dist.get_world_size()
+    dist.all_gather_object(tops, top.tolist())
+    union = sorted((v for t in tops for v in t), reverse=True)
+    return union[0], union[tail_size(n, q) - 1]
 
 
 def run_main(main):
@@ -484,6 +507,25 @@ def cut_back_log(path, step):
     with open(tmp, "wb") as f:
         f.writelines(kept)
     os.replace(tmp, path)
+
+
+def record_config(cfg, ckpt, step, changes):
+    """Put the run's config on record in out_dir: config.yaml, the config its records start with
+    (written at step 0, or by a branch into a new out_dir; a resume never rewrites it), and
+    config_changes.jsonl, one line per resume that changed a key: {"step": the checkpoint's step,
+    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}; a resume from
+    step K drops the lines of K and later (of a branch it replaces, or of this resume's first try)."""
+    path, changed = os.path.join(cfg.out_dir, "config.yaml"), os.path.join(cfg.out_dir, "config_changes.jsonl")
+    if not ckpt and os.path.exists(changed):
+        os.remove(changed)
+    if ckpt and os.path.exists(changed):
+        cut_back_log(changed, step - 1)
+    if ckpt and changes:
+        with open(changed, "a") as f:
+            f.write(json.dumps({"step": step, "resumed_from": os.path.realpath(ckpt), "changed": changes}) + "\n")
+    if not ckpt or not os.path.exists(path):
+        with open(path, "w") as f:
+            yaml.safe_dump(config_dict(cfg), f)
 
 
 def check_checkpoint(ckpt, model_dir, world):

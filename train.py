@@ -19,7 +19,8 @@ this order, taking keyword arguments and returning a record or its metrics:
                        samples.jsonl and a checkpoint when due (save_or_stop)
 The ranks work in lock-step wherever the model runs (every forward and backward of an FSDP2 model
 is a collective): lockstep_forwards, global_counts and the metric reductions say so.
-Settings: config.py. Data and prompts: data.py. Model loading, FSDP2 and checkpoints: policy.py.
+Settings: config.py. Data and prompts: data.py. Model loading, FSDP2, checkpoints and the run's
+records in out_dir: policy.py.
 How sequences become micro-batches, dealt over the ranks and forwarded in lock-step: packing.py.
 TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
 """
@@ -33,20 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 from tqdm import tqdm
 
 import reward
 import rollout
 import tepo
-from config import Config, UserError, config_dict, load_config  # noqa: F401  (train.Config too)
+from config import Config, UserError, load_config  # noqa: F401  (train.Config too)
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
 import eval as ev
 from packing import balance_ranks, lockstep_forwards
 from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
-                    cut_back_log, end_distributed, full_tensor, full_weights, load_policy,
-                    load_training_state, resumed_config, run_main, save_checkpoint, set_rng_states,
-                    setup_distributed)
+                    cut_back_log, end_distributed, full_tensor, full_weights, global_tail, keep_largest,
+                    load_policy, load_training_state, record_config, resumed_config, run_main,
+                    save_checkpoint, set_rng_states, setup_distributed, tail_size)
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
@@ -240,25 +240,6 @@ def setup(cfg, *, resume, overwrite=False, allow_config_change=False):
                grader=reward.make_grader(cfg.reward), judge=ev.make_judge(cfg.reward), rows=rows,
                eval_rows=eval_rows, eval_dropped=eval_dropped, state=state,
                trackers=open_trackers(cfg, state.step, resumed=bool(ckpt)) if rank == 0 else [])
-
-
-def record_config(cfg, ckpt, step, changes):
-    """Put the run's config on record in out_dir: config.yaml, the config its records start with
-    (written at step 0, or by a branch into a new out_dir; a resume never rewrites it), and
-    config_changes.jsonl, one line per resume that changed a key: {"step": the checkpoint's step,
-    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}; a resume from
-    step K drops the lines of K and later (of a branch it replaces, or of this resume's first try)."""
-    path, changed = os.path.join(cfg.out_dir, "config.yaml"), os.path.join(cfg.out_dir, "config_changes.jsonl")
-    if not ckpt and os.path.exists(changed):
-        os.remove(changed)
-    if ckpt and os.path.exists(changed):
-        cut_back_log(changed, step - 1)
-    if ckpt and changes:
-        with open(changed, "a") as f:
-            f.write(json.dumps({"step": step, "resumed_from": os.path.realpath(ckpt), "changed": changes}) + "\n")
-    if not ckpt or not os.path.exists(path):
-        with open(path, "w") as f:
-            yaml.safe_dump(config_dict(cfg), f)
 
 
 # ----------------------------------------------------------------------------- 1. sample and grade
@@ -561,27 +542,6 @@ def update_metrics(run, *, sums, steps, step):
 # gathering every token: the q-quantile lies among the tail_size largest values overall, and these
 # are among the union of every rank's tail_size largest.
 TAIL_Q = 0.999
-
-
-def tail_size(n, q):
-    """How many of the largest of n values reach down to their q-quantile (nearest rank: the
-    ceil(q n)-th smallest, numpy's method="inverted_cdf")."""
-    return n - math.ceil(round(q * n, 9)) + 1
-
-
-def keep_largest(top, values, k):
-    """The k largest of `top` and `values` (1-D tensors)."""
-    both = torch.cat([top, values.float()])
-    return torch.topk(both, min(k, len(both))).values
-
-
-def global_tail(top, n, q):
-    """(max, q-quantile) of n values spread over the ranks, from each rank's tail_size(n, q)
-    largest (`top`). A collective."""
-    tops = [None] * dist.get_world_size()
-    dist.all_gather_object(tops, top.tolist())
-    union = sorted((v for t in tops for v in t), reverse=True)
-    return union[0], union[tail_size(n, q) - 1]
 
 
 def log_ratio_tail(top, n):
