@@ -946,17 +946,12 @@ def _math_verify_grader():
     def timeout():
         return 5 if threading.current_thread() is threading.main_thread() else None
 
-    def delimited(s):  # a bare answer in $...$, as math-verify reads LaTeX only between delimiters
-        s = str(s)
-        bare = not any(m in s for m in ("$", "\\boxed", "\\(", "\\[")) and not _PROSE.search(s)
-        return f"${s}$" if bare else s
-
     def parse_gold(gold):
-        return mv_parse(delimited(gold), parsing_timeout=timeout())
+        return mv_parse(_delimited(gold), parsing_timeout=timeout())
 
     def verify_pair(gold, pred):
         try:
-            g, p = parse_gold(gold), mv_parse(delimited(pred), parsing_timeout=timeout())
+            g, p = parse_gold(gold), mv_parse(_delimited(pred), parsing_timeout=timeout())
             return bool(g) and bool(p) and bool(mv_verify(g, p, timeout_seconds=timeout()))
         except Exception:
             return False
