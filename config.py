@@ -15,7 +15,7 @@ import tepo
 
 
 class UserError(ValueError):
-    """Bad input (config, data, model or checkpoint paths): reported by policy.run_main as one
+    """Bad input (config, data, model or checkpoint paths): reported by ranks.run_main as one
     `error: ...` line, no traceback."""
 
 @dataclass

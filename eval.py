@@ -57,10 +57,11 @@ import yaml
 from tqdm import tqdm
 
 import data
-import policy
+import ranks
 from config import UserError
 import reward
 import rollout
+import second_opinion
 import table
 
 # Benchmark name -> file name in --data-dir (the schema and names of ../shared/data).
@@ -376,7 +377,7 @@ def make_judge(name):
     if name in ("rule", reward.DEFAULT_GRADER):
         second = name != "rule"
         if second:
-            reward.start_second_opinion()
+            second_opinion.start()
 
         def judge(text, gold):
             return reward.grade(text, gold, second_opinion=second)
@@ -595,7 +596,7 @@ def main(argv=None):
         return table.write_table(args.table, args.out)
     # Under torchrun: the trainer's group setup (gloo for CPU tensors, nccl for CUDA ones). Alone:
     # no group, and vLLM makes its own (so eval.main can run twice in one process).
-    rank, world = (policy.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
+    rank, world = (ranks.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
                    else (0, 1))
     if rank == 0:  # an unwritable --out fails now, not after the evaluation
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -647,7 +648,7 @@ def main(argv=None):
     bar.close()
     t_end = time.time()
     if rank != 0:
-        policy.end_distributed()  # waits for rank 0's, after the files are written
+        ranks.end_distributed()  # waits for rank 0's, after the files are written
         return None
     tokens = sum(m["generated_tokens"] for m in results.values())
     problems = sum(m["problems"] for m in results.values())
@@ -687,9 +688,9 @@ def main(argv=None):
           f"{t['total_s']:.1f}s with start-up) on {world} rank(s)\nwrote {args.out} and "
           f"{samples_path}")
     if world > 1:
-        policy.end_distributed()
+        ranks.end_distributed()
     return out
 
 
 if __name__ == "__main__":
-    policy.run_main(main)
+    ranks.run_main(main)

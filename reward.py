@@ -70,10 +70,10 @@ a notation mathexpr does not parse: `\\gcd(12, 8)`, `\\operatorname{lcm}(4, 6)`)
 asked about the two final answers the rules extracted, and its "yes" counts. Not where the rules read
 both (math-verify would only read the same values, or by other conventions); nor, the rules'
 veto, where either is an equation or prose, which math-verify misreads (it takes `2x = 6` for 6 and
-picks numbers out of sentences). It runs in a worker process of the calling thread, bounded by
-SECOND_OPINION_TIMEOUT of wall clock in any thread (a worker over it is killed and replaced), after
-at most SECOND_OPINION_START for a new worker's import; a timeout or an error is "no", and
-guarded() counts it as a failed grading call.
+picks numbers out of sentences). It runs in a worker process of the calling thread
+(second_opinion.py), bounded by SECOND_OPINION_TIMEOUT of wall clock in any thread (a worker over
+it is killed and replaced), after at most SECOND_OPINION_START for a new worker's import; a timeout
+or an error is "no", and guarded() counts it as a failed grading call.
 
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
@@ -98,6 +98,7 @@ from mathexpr import _SIMPLE_LHS, _clean, _key, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
 from mathexpr import (_ANSWER_WORDS, _PROSE, _PROSE_ASCII, _answer_is, _from_prose, _hashes, _last_boxed,
                       _last_math, _prepare)
+import second_opinion
 
 _parse = parse  # the old name: bench/bench_reward.py clears its cache as reward._parse
 
@@ -725,23 +726,9 @@ def _shaped(graded, format_reward, no_answer_penalty):
 # ----------------------------------------------------------------------------- the second opinion
 # math-verify (sympy behind a LaTeX parser) and these rules make different mistakes: where the rules
 # find two final answers different, math-verify is asked too, and its "yes" counts. It runs in a
-# worker process of the calling thread, because nothing in-process bounds it: its own timeouts use
-# signal.alarm (main thread only, and they would cancel guarded()'s timer), and a sys.setprofile
-# deadline cannot stop one long C call (sympy's evalf of 9^{9^{9^{9}}} against 9^{9^{9}} was still
-# in mpmath's integer power after 10 s, where faulthandler found it). A worker that runs over its
-# time is killed and replaced.
-SECOND_OPINION_TIMEOUT = 2.0  # seconds (wall clock) one math-verify verdict may take; over: "no", counted
-SECOND_OPINION_START = 5.0    # ... and before it, a new worker's import of math-verify (~1 s; a loaded machine's more)
+# worker process of the calling thread (second_opinion.py), bounded in time.
 SECOND_OPINION_MAX = 1_000    # characters of a final answer shown to math-verify (longer: not asked)
-_SECOND = threading.local()   # per thread: its worker, and the failure of its last verdict (guarded reads it)
-
-
-class SecondOpinionFailed(Exception):
-    """math-verify's verdict could not be had: `kind` is "timeouts" or "errors" (guarded's counts)."""
-
-    def __init__(self, kind, what):
-        super().__init__(what)
-        self.kind = kind
+_SECOND = threading.local()   # per thread: the failure of its last verdict (guarded reads it)
 
 
 def _second_opinion(g, p):
@@ -750,8 +737,8 @@ def _second_opinion(g, p):
     if not _worth_asking(g, p):
         return False
     try:
-        return _ask_math_verify(_delimited(g), _delimited(p), SECOND_OPINION_TIMEOUT)
-    except SecondOpinionFailed as e:
+        return second_opinion.ask(_delimited(g), _delimited(p), second_opinion.SECOND_OPINION_TIMEOUT)
+    except second_opinion.Failed as e:
         _SECOND.failure = (e.kind, f"math-verify: {e}")
         return False
 
@@ -810,121 +797,6 @@ def _delimited(s):
     return f"${s}$" if bare else s
 
 
-def _math_verify_worker():
-    """The worker process: reads one JSON [gold, pred] per line from stdin, answers "1" (equal), "0"
-    or "E <error>" per line; "ready" first, once math-verify is imported. Its own timeouts are off
-    (the parent bounds the call) and so is its logging (the parent counts the failures)."""
-    import json
-    import logging
-    logging.disable(logging.CRITICAL)
-    from math_verify import parse as mv_parse, verify as mv_verify
-    print("ready", flush=True)
-    for line in sys.stdin:
-        try:
-            gold, pred = json.loads(line)
-            g, p = mv_parse(gold, parsing_timeout=None), mv_parse(pred, parsing_timeout=None)
-            out = "1" if g and p and mv_verify(g, p, timeout_seconds=None) else "0"
-        except Exception as e:
-            out = "E " + " ".join(f"{type(e).__name__}: {e}".split())[:200]
-        print(out, flush=True)
-
-
-def _start_worker():
-    """A new math-verify worker process (it dies with the thread that started it, on Linux)."""
-    import subprocess
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import sys; sys.path.insert(0, {here!r}); import reward; reward._die_with_parent(); "
-            f"reward._math_verify_worker()")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, bufsize=0)
-    return {"proc": proc, "buf": b"", "ready": False}
-
-
-def _die_with_parent():
-    """Linux: the worker gets SIGKILL when the thread that started it ends (prctl PR_SET_PDEATHSIG),
-    so a worker stuck in a long computation never outlives its grader."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-
-
-def _read_line(worker, deadline, seconds):
-    """The worker's next output line, or SecondOpinionFailed at `deadline` (time.monotonic), the
-    end of the `seconds` it was given."""
-    import select
-    out = worker["proc"].stdout
-    while b"\n" not in worker["buf"]:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([out], [], [], left)[0]:
-            raise SecondOpinionFailed("timeouts", f"no verdict within {seconds}s")
-        chunk = os.read(out.fileno(), 1 << 16)
-        if not chunk:
-            raise SecondOpinionFailed("errors", f"its process exited (code {worker['proc'].wait()})")
-        worker["buf"] += chunk
-    line, _, worker["buf"] = worker["buf"].partition(b"\n")
-    return line.decode("utf-8", "replace")
-
-
-def _ask_math_verify(gold, pred, timeout):
-    """math-verify's verdict (parse both, verify) from this thread's worker within `timeout` seconds
-    of wall clock, or SecondOpinionFailed. A worker still importing math-verify (a thread's first
-    verdict, or the one after a kill) is waited for first, up to SECOND_OPINION_START seconds, and
-    not killed when it takes longer; a verdict that does not come in time kills the worker, and a
-    new one starts at once (it imports while the next responses are graded)."""
-    import json
-    worker = getattr(_SECOND, "worker", None)
-    if worker is None or worker["proc"].poll() is not None:
-        worker = _SECOND.worker = _start_worker()
-    if not worker["ready"]:
-        start = SECOND_OPINION_START
-        try:
-            ready = _read_line(worker, time.monotonic() + start, start) == "ready"
-        except SecondOpinionFailed as e:
-            raise SecondOpinionFailed(e.kind, f"its worker, still importing math-verify: {e}") from None
-        if not ready:
-            raise SecondOpinionFailed("errors", "its process did not start")
-        worker["ready"] = True
-    deadline = time.monotonic() + timeout
-    asked = False
-    try:
-        worker["proc"].stdin.write(json.dumps([gold, pred]).encode() + b"\n")
-        asked = True
-        line = _read_line(worker, deadline, timeout)
-        asked = False
-    except (BrokenPipeError, OSError) as e:
-        raise SecondOpinionFailed("errors", f"its process is gone ({e})") from None
-    finally:
-        if asked:  # no verdict in time (or the caller's own timeout hit): the worker may be stuck
-            worker["proc"].kill()
-            worker["proc"].wait()
-            _SECOND.worker = _start_worker()
-    if line.startswith("E "):
-        raise SecondOpinionFailed("errors", line[2:])
-    return line == "1"
-
-
-def start_second_opinion(timeout=120.0):
-    """Start this thread's math-verify worker and wait until it has imported math-verify, so that
-    the first verdict is not spent on the import (make_grader does this); ImportError if it cannot."""
-    import importlib.util
-    if importlib.util.find_spec("math_verify") is None:
-        raise ImportError("reward: the grader's second opinion needs math-verify: "
-                          "`pip install -r requirements.txt` (or `pip install math-verify`)")
-    worker = getattr(_SECOND, "worker", None)
-    if worker is None or worker["proc"].poll() is not None:
-        worker = _SECOND.worker = _start_worker()
-    if not worker["ready"]:
-        try:
-            ok = _read_line(worker, time.monotonic() + timeout, timeout) == "ready"
-        except SecondOpinionFailed:
-            ok = False
-        if not ok:
-            raise ImportError(f"reward: math-verify's worker process did not start within {timeout}s")
-        worker["ready"] = True
-
-
 # ----------------------------------------------------------------------------- optional graders
 def _math_verify_grader():
     """math-verify (the grader behind TRL's and open-r1's math rewards), for reproducing numbers of
@@ -977,7 +849,7 @@ def _math_verify_grader():
 
 def _combined_grader():
     """The default: the rules, then math-verify's second opinion where they said no (verify)."""
-    start_second_opinion()
+    second_opinion.start()
     grade = functools.partial(math_reward)
     grade.verify = verify
     return grade

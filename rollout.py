@@ -88,7 +88,7 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
     TEPO_ALL_WARNINGS=1: KNOWN_NOTICES); VLLM_CPU_OMP_THREADS_BIND, which cores a rank's threads
     may use: "auto" (default) splits the cores evenly between the ranks of a node (one process
     keeps them all), "nobind" pins nothing, "0-3|4-7" gives local rank r the r-th list.
-    Call it after the process group exists (policy.setup_distributed): in a process without one
+    Call it after the process group exists (ranks.setup_distributed): in a process without one
     vLLM makes its own; under torchrun every rank must create its engine at the same time.
     """
     if backend not in BACKENDS:

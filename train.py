@@ -19,8 +19,9 @@ this order, taking keyword arguments and returning a record or its metrics:
                        samples.jsonl and a checkpoint when due (save_or_stop)
 The ranks work in lock-step wherever the model runs (every forward and backward of an FSDP2 model
 is a collective): lockstep_forwards, global_counts and the metric reductions say so.
-Settings: config.py. Data and prompts: data.py. Model loading, FSDP2, checkpoints and the run's
-records in out_dir: policy.py.
+Settings: config.py. Data and prompts: data.py. The process group and reductions over it: ranks.py.
+Model loading and FSDP2: policy.py. Checkpoints: checkpoint.py; the run's records in out_dir and
+what a resume may change: runs.py.
 How sequences become micro-batches, dealt over the ranks and forwarded in lock-step: packing.py.
 TensorBoard and wandb besides metrics.jsonl (config `loggers`): trackers.py.
 """
@@ -43,10 +44,10 @@ from config import Config, UserError, load_config  # noqa: F401  (train.Config t
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
 import eval as ev
 from packing import balance_ranks, lockstep_forwards
-from policy import (TrainState, all_ranks, check_checkpoint, check_shared_dir, checkpoint_to_resume,
-                    cut_back_log, end_distributed, full_tensor, full_weights, global_tail, keep_largest,
-                    load_policy, load_training_state, record_config, resumed_config, run_main,
-                    save_checkpoint, set_rng_states, setup_distributed, tail_size)
+from checkpoint import TrainState, check_checkpoint, load_training_state, save_checkpoint, set_rng_states
+from policy import full_tensor, full_weights, load_policy
+from ranks import all_ranks, end_distributed, global_tail, keep_largest, run_main, setup_distributed, tail_size
+from runs import check_shared_dir, checkpoint_to_resume, cut_back_log, record_config, resumed_config
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step

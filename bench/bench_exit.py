@@ -8,11 +8,11 @@ then leave the process group one of three ways, the modes taken in turn, --runs 
 
     bare             dist.destroy_process_group(), and exit
     barrier          dist.barrier(), then the same
-    end_distributed  policy.end_distributed(): barrier, destroy_process_group, a pause with the GIL
+    end_distributed  ranks.end_distributed(): barrier, destroy_process_group, a pause with the GIL
                      released (what train.py, eval.py and the tests' torchrun scripts do)
 
 A run fails when torchrun's exit code is not 0; "terminate called" counts the runs whose stderr
-shows the abort of torch's gloo threads at interpreter shutdown (policy.end_distributed's
+shows the abort of torch's gloo threads at interpreter shutdown (ranks.end_distributed's
 docstring says why). Exit code 1 if end_distributed failed at all.
 """
 import argparse
@@ -29,7 +29,7 @@ sys.path.insert(0, sys.argv[2])
 import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
-import policy
+import ranks
 dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (2,))
 shards = [distribute_tensor(torch.randn(64, 64), mesh, [Shard(0)]) for _ in range(10)]
@@ -37,7 +37,7 @@ for _ in range(3):
     full = [d.full_tensor() for d in shards]
 mode = sys.argv[1]
 if mode == "end_distributed":
-    policy.end_distributed()
+    ranks.end_distributed()
 else:
     if mode == "barrier":
         dist.barrier()

@@ -55,6 +55,7 @@ import torch  # noqa: E402
 import data  # noqa: E402
 import packing  # noqa: E402
 import policy  # noqa: E402
+import ranks  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 import train  # noqa: E402
@@ -245,7 +246,7 @@ def main():
     if args.no_sampler:
         return
     torch.manual_seed(0)
-    policy.setup_distributed()  # a 1-rank gloo group, before vLLM (which would make its own)
+    ranks.setup_distributed()  # a 1-rank gloo group, before vLLM (which would make its own)
     from transformers import AutoTokenizer
     if os.path.isdir(args.demo_model):
         from demo import DEMO_TEMPLATE

@@ -138,19 +138,25 @@ def run(pairs, verify):
 CPU_RATE = CPU_P99 = CPU_MAX = None
 
 
-ASKED = [0]  # math-verify's second opinions asked (reward._ask_math_verify calls), when the grader has one
+ASKED = [0]  # math-verify's second opinions asked (second_opinion.ask calls), when the grader has one
 
 
 def count_second_opinions():
-    """Count reward._ask_math_verify's calls in ASKED (a reward.py without a second opinion: nothing)."""
-    ask = getattr(reward, "_ask_math_verify", None)
+    """Count second_opinion.ask's calls in ASKED (reward._ask_math_verify's, in a tree from before
+    second_opinion.py; a reward.py without a second opinion: nothing)."""
+    try:
+        import second_opinion as where
+        name = "ask"
+    except ImportError:
+        where, name = reward, "_ask_math_verify"
+    ask = getattr(where, name, None)
     if ask is None:
         return
 
     def counted(*a):
         ASKED[0] += 1
         return ask(*a)
-    reward._ask_math_verify = counted
+    setattr(where, name, counted)
 
 
 def demo_steps(steps, corrupt, seed=0):

@@ -47,7 +47,9 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import packing  # noqa: E402
+import checkpoint  # noqa: E402
 import policy  # noqa: E402
+import ranks  # noqa: E402
 import train  # noqa: E402
 from demo import DEMO_TEMPLATE, generate_rows, make_tiny_model  # noqa: E402
 
@@ -173,7 +175,7 @@ def main():
     if args.plan_only:
         print(f"padded/real {ratio['packed']:.3f} (grouped {ratio['grouped']:.3f})")
         return
-    policy.setup_distributed()
+    ranks.setup_distributed()
     torch.manual_seed(0)
     times = {name: [] for name in cfgs}
     runs = {}
@@ -181,7 +183,7 @@ def main():
         model = policy.load_policy(path, cfg, torch.device("cpu"))
         runs[name] = SimpleNamespace(cfg=cfg, model=model, ref_model=None, device=torch.device("cpu"), rank=0, world=1,
                                      optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.lr),
-                                     state=policy.TrainState())
+                                     state=checkpoint.TrainState())
     for name in cfgs:  # warm-up
         time_step(runs[name], seqs)
     for _ in range(args.repeats):

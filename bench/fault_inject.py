@@ -18,7 +18,7 @@ and numpy's global RNGs, so a resume that did not restore all three would differ
    step_*.tmp) and kills inside it; the others at a random moment 24-50 s after launch (start-up takes ~25 s here).
    A kill counts as "inside a save" when a step_*.tmp directory made by the killed launch existed.
    Each launch must print the checkpoint it resumes from, which must be the newest complete one in
-   out_dir at launch time (policy.list_checkpoints), or none.
+   out_dir at launch time (checkpoint.list_checkpoints), or none.
 3. After the last kill, one launch runs to the end. Whenever a launch completes the run (also
    before the last kill, when the kills so far let it reach its last step), metrics.jsonl is
    compared with the reference's, every field but the wall-clock ones (timing/*), and the
@@ -43,7 +43,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import policy  # noqa: E402
+import checkpoint  # noqa: E402
 from demo import make_tiny_model  # noqa: E402
 
 VOLATILE = ("timing/",)  # wall clock: differs between any two runs
@@ -149,7 +149,7 @@ def main():
     while True:
         if fig["launches"] > 4 * args.kills + 10:  # a bound, whatever the timing
             sys.exit(f"{fig['launches']} launches placed only {fig['kills']} of {args.kills} kills")
-        expected = (policy.list_checkpoints(out) or [None])[-1]
+        expected = (checkpoint.list_checkpoints(out) or [None])[-1]
         stale = tmp_dirs(out)
         log_path = os.path.join(work, f"launch{fig['launches']:02d}.log")
         with open(log_path, "w") as log:
@@ -193,7 +193,7 @@ def main():
             fig["kills_inside_a_save"] += in_save
             fig["kill_log"].append({"mode": mode, "after_s": round(time.time() - started, 1),
                                     "inside_save": in_save, "resumed_from": expected,
-                                    "newest_after": (policy.list_checkpoints(out) or [None])[-1]})
+                                    "newest_after": (checkpoint.list_checkpoints(out) or [None])[-1]})
             print(f"kill {fig['kills']:2d} ({mode}, {time.time() - started:5.1f}s after launch, "
                   f"{'inside a save' if in_save else 'outside a save'}): launch resumed from "
                   f"{os.path.basename(expected) if expected else 'nothing'}, newest now "

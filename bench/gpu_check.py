@@ -41,6 +41,7 @@ import yaml  # noqa: E402
 
 import packing  # noqa: E402
 import policy  # noqa: E402
+import ranks  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 from config import load_config  # noqa: E402
@@ -232,7 +233,7 @@ def main():
         config = small_config(args, model_dir, work)
         rl_step(config, results)
         # Checks 2-4 in this process: one rank's process group, as train.py's.
-        rank, world, device = policy.setup_distributed()
+        rank, world, device = ranks.setup_distributed()
         for check in (packed_equals_own, engine_and_sync):
             try:
                 check(args, config, model_dir, device, results)
@@ -240,7 +241,7 @@ def main():
                 report(results, check.__name__, f"{type(e).__name__}: {str(e)[:500]}", False)
     failed = results.count(False)
     print(f"{len(results) - failed} of {len(results)} checks passed")
-    policy.end_distributed()
+    ranks.end_distributed()
     sys.exit(failed)
 
 

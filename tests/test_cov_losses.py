@@ -177,7 +177,7 @@ def test_cov_settings_are_checked():
 SCRIPT = r'''
 import json, sys, torch, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import policy, tepo, train
+import ranks, tepo, train
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 g = torch.Generator().manual_seed(7)
@@ -203,7 +203,7 @@ parts = [None] * world
 dist.all_gather_object(parts, out)
 if rank == 0:
     print("RESULT " + json.dumps(parts))
-policy.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
+ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
 '''
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import data
-import policy
+import checkpoint, runs
 import reward
 import train
 from config import UserError
@@ -144,11 +144,11 @@ def test_prompts_per_step_not_divisible_by_the_ranks(tmp_path, tiny_model_dir):
 
 FAIL_LIKE_A_RANK = """import os, sys
 sys.path.insert(0, {root!r})
-import policy
+import ranks
 from config import UserError
 def main():
     raise UserError("config: prompts_per_step=3 must divide by the 2 ranks")
-policy.run_main(main)
+ranks.run_main(main)
 """
 
 
@@ -232,24 +232,24 @@ def fake_checkpoint(path, model_dir, world=2, step=2, **config_changes):
 
 def test_resume_checks_the_checkpoint(tmp_path, tiny_model_dir):
     good = fake_checkpoint(tmp_path / "step_000002", tiny_model_dir)
-    assert policy.check_checkpoint(good, tiny_model_dir, 2) == 2
-    assert policy.check_checkpoint(good, tiny_model_dir, 4) == 2  # resumed on 4 ranks: resharded
+    assert checkpoint.check_checkpoint(good, tiny_model_dir, 2) == 2
+    assert checkpoint.check_checkpoint(good, tiny_model_dir, 4) == 2  # resumed on 4 ranks: resharded
     os.remove(os.path.join(good, "rng_rank0.pt"))  # rank 1's file without rank 0's: incomplete
     with pytest.raises(UserError, match="lacks rng_rank0.pt .incomplete"):
-        policy.check_checkpoint(good, tiny_model_dir, 2)
+        checkpoint.check_checkpoint(good, tiny_model_dir, 2)
     open(os.path.join(good, "rng_rank0.pt"), "w").close()
     os.remove(os.path.join(good, "train_config.yaml"))  # the config it was trained with: compared
     with pytest.raises(UserError, match="lacks train_config.yaml .incomplete"):
-        policy.check_checkpoint(good, tiny_model_dir, 2)
+        checkpoint.check_checkpoint(good, tiny_model_dir, 2)
     open(os.path.join(good, "train_config.yaml"), "w").write("seed: 0\n")
     with pytest.raises(UserError, match="is not a checkpoint .no trainer_state.json"):
-        policy.check_checkpoint(str(tmp_path), tiny_model_dir, 2)
+        checkpoint.check_checkpoint(str(tmp_path), tiny_model_dir, 2)
     half = fake_checkpoint(tmp_path / "step_000004.tmp", tiny_model_dir)
     with pytest.raises(UserError, match="half-written checkpoint.*complete one: .*step_000002"):
-        policy.check_checkpoint(half, tiny_model_dir, 2)
+        checkpoint.check_checkpoint(half, tiny_model_dir, 2)
     other = fake_checkpoint(tmp_path / "other", tiny_model_dir, hidden_size=128)
     with pytest.raises(UserError, match="another model .*hidden_size 128 vs 64"):
-        policy.check_checkpoint(other, tiny_model_dir, 2)
+        checkpoint.check_checkpoint(other, tiny_model_dir, 2)
 
 
 def a_finished_run(out):
@@ -303,22 +303,22 @@ def test_a_resume_from_another_out_dir_never_touches_the_run_there(tmp_path, tin
                                f"(--set out_dir=...)")
     for name, content in files.items():
         assert open(os.path.join(out_b, name), "rb").read() == content, name
-    monkeypatch.setattr(policy.dist, "barrier", lambda: None)
-    assert policy.checkpoint_to_resume(str(tmp_path / "new"), ckpt, False, 0) == ckpt
-    assert policy.checkpoint_to_resume(out_b, os.path.join(out_b, "..", "A", "step_000100"), True, 0)
+    monkeypatch.setattr(runs.dist, "barrier", lambda: None)
+    assert runs.checkpoint_to_resume(str(tmp_path / "new"), ckpt, False, 0) == ckpt
+    assert runs.checkpoint_to_resume(out_b, os.path.join(out_b, "..", "A", "step_000100"), True, 0)
     assert sorted(os.listdir(out_b)) == ["notes.txt"]
 
 
 def test_pruning_removes_only_older_checkpoints(tmp_path):
     for step in (10, 20, 30, 50, 150):
         os.makedirs(tmp_path / f"step_{step:06d}")
-    policy.prune_checkpoints(str(tmp_path), 50, keep_last=2)   # just published: step 50
+    checkpoint.prune_checkpoints(str(tmp_path), 50, keep_last=2)   # just published: step 50
     assert sorted(os.listdir(tmp_path)) == ["step_000030", "step_000050", "step_000150"]
-    policy.prune_checkpoints(str(tmp_path), 50, keep_last=1)
+    checkpoint.prune_checkpoints(str(tmp_path), 50, keep_last=1)
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
-    policy.prune_checkpoints(str(tmp_path), 50, keep_last=5)   # fewer than keep_last: all stay
+    checkpoint.prune_checkpoints(str(tmp_path), 50, keep_last=5)   # fewer than keep_last: all stay
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
-    policy.prune_checkpoints(str(tmp_path), 150, keep_last=0)  # 0 keeps every one
+    checkpoint.prune_checkpoints(str(tmp_path), 150, keep_last=0)  # 0 keeps every one
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
 
 

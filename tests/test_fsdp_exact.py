@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = r'''
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import train, tepo, policy, packing
+import train, tepo, policy, ranks, packing
 from transformers import AutoModelForCausalLM
 dist.init_process_group("gloo")
 rank, path = dist.get_rank(), sys.argv[1]
@@ -73,7 +73,7 @@ assert min(tokens) > 0 and max(tokens) / (sum(tokens) / 2) < 1.10, tokens
 check(grads(fsdp, dealt, share=True, fsdp=True), "dealt")
 if rank == 0:
     print("EXACT", flush=True)
-policy.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
+ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
 '''
 
 

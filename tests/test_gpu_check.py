@@ -22,7 +22,7 @@ def test_gpu_check_passes_in_its_cpu_form():
 BROKEN_SYNC = r'''
 import sys, tempfile
 sys.path.insert(0, ROOT); sys.path.insert(0, ROOT + "/bench")
-import gpu_check, policy, rollout
+import gpu_check, ranks, rollout
 from demo import make_tiny_model
 rollout.VLLMEngine.update_weights = lambda self, weights: None   # the weights never reach vLLM
 args = type("A", (), {"cpu": True, "config": ROOT + "/configs/math1.5b-tepo.yaml"})()
@@ -30,11 +30,11 @@ with tempfile.TemporaryDirectory() as work:
     model = make_tiny_model(work + "/m", hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128,
                             max_positions=512)
     config = gpu_check.small_config(args, model, work)
-    device = policy.setup_distributed()[2]
+    device = ranks.setup_distributed()[2]
     results = []
     gpu_check.engine_and_sync(args, config, model, device, results)
     print("RESULTS", results)
-    policy.end_distributed()
+    ranks.end_distributed()
 '''
 
 

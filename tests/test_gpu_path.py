@@ -11,7 +11,7 @@ import torch
 from torch.distributed.distributed_c10d import BackendConfig
 
 import data
-import policy
+import checkpoint, policy, ranks
 import rollout
 import train
 from demo import make_tiny_model
@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_the_process_group_reduces_cpu_tensors_on_every_device(cuda):
     """Metrics are all-reduced as CPU tensors: the group must map the CPU to gloo on GPUs too (an
     nccl-only group fails there: "No backend type associated with device type cpu")."""
-    backends = BackendConfig(policy.process_group_backend(cuda)).get_device_backend_map()
+    backends = BackendConfig(ranks.process_group_backend(cuda)).get_device_backend_map()
     assert backends["cpu"] == "gloo"
     if cuda:
         assert backends["cuda"] == "nccl"
@@ -125,13 +125,13 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
         return real_replace(src, dst)
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        policy.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))
-    found = policy.list_checkpoints(str(out))
+        checkpoint.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))
+    found = checkpoint.list_checkpoints(str(out))
     assert len(found) == 1
     assert json.load(open(os.path.join(found[0], "trainer_state.json")))["version"] == "old"
     monkeypatch.setattr(os, "replace", real_replace)
-    policy.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))  # the save done again
-    assert policy.list_checkpoints(str(out)) == [str(out / "step_000004")]
+    checkpoint.publish(str(out / "step_000004.tmp"), str(out / "step_000004"))  # the save done again
+    assert checkpoint.list_checkpoints(str(out)) == [str(out / "step_000004")]
     assert json.load(open(out / "step_000004" / "trainer_state.json"))["version"] == "new"
     assert sorted(os.listdir(out)) == ["step_000004"]
 
@@ -139,7 +139,7 @@ def test_a_kill_while_a_step_is_saved_again_leaves_a_whole_checkpoint(tmp_path, 
 def test_list_checkpoints_ignores_partial_and_foreign_directories(tmp_path):
     for name in ("step_000002", "step_000010", "step_000012.tmp", "step_notes", "final"):
         (tmp_path / name).mkdir()
-    assert policy.list_checkpoints(str(tmp_path)) == [str(tmp_path / "step_000002"),
+    assert checkpoint.list_checkpoints(str(tmp_path)) == [str(tmp_path / "step_000002"),
                                                      str(tmp_path / "step_000010")]
     with pytest.raises(ValueError, match="keep_last must be >= 0"):
         train.Config(model="m", train_data="d", keep_last=-1)
@@ -148,16 +148,16 @@ def test_list_checkpoints_ignores_partial_and_foreign_directories(tmp_path):
 SHARED_DIR_SCRIPT = r'''
 import sys, torch.distributed as dist
 sys.path.insert(0, ROOT)
-import policy
+import ranks, runs
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 out = sys.argv[1] if rank == 0 or sys.argv[2] == "shared" else sys.argv[1] + "-node-local"
 try:
-    policy.check_shared_dir(out, rank, dist.get_world_size())
+    runs.check_shared_dir(out, rank, dist.get_world_size())
     print("SHARED", flush=True)
 except RuntimeError as e:
     print("ERROR", e, flush=True)
-policy.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
+ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
 '''
 
 

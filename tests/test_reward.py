@@ -17,6 +17,7 @@ import time
 import pytest
 
 import reward
+import second_opinion
 from grader_cases import (CLASSES, KNOWN_MISSES, ROUND2_BATCH1, ROUND2_BATCH2, ROUND2_MISSES, ROUND3_BATCH1,
                           ROUND3_BATCH2, ROUND3_MISSES, SECOND_OPINION_BATCH2, SECOND_OPINION_MISSES)
 from reward import extract_answer, math_reward, verify
@@ -579,7 +580,7 @@ def test_second_opinion_is_not_asked_where_the_rules_read_both(monkeypatch):
     math-verify (the speed of training's grading), nor do huge numbers (9^{9^{9}})."""
     def ask(*a):
         raise AssertionError(f"math-verify asked: {a}")
-    monkeypatch.setattr(reward, "_ask_math_verify", ask)
+    monkeypatch.setattr(second_opinion, "ask", ask)
     for gold, pred in [("12", "13"), ("12", "The answer is \\boxed{13}."), ("\\frac{1}{2}", "0.6"), ("x^2+1", "x^2+2"),
                        ("(1,2)", "(1,3)"), ("(-\\infty, 2]", "(-\\infty, 3]"), ("\\{1,2\\}", "\\{1,3\\}"),
                        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 3 \\end{pmatrix}"),
@@ -591,18 +592,18 @@ def test_second_opinion_is_bounded_and_its_failures_counted(monkeypatch):
     """A verdict that does not come in time is "no", in any thread: the worker (stuck in one C call
     of sympy's, which nothing in-process can stop) is killed and replaced, and guarded() counts the
     call as a timeout, as it counts a grader's own."""
-    monkeypatch.setattr(reward, "SECOND_OPINION_TIMEOUT", 0.5)
+    monkeypatch.setattr(second_opinion, "SECOND_OPINION_TIMEOUT", 0.5)
     monkeypatch.setattr(reward, "_worth_asking", lambda g, p: True)  # 9^{9^{9}} goes to math-verify
     out = {}
 
     def work():
-        reward.start_second_opinion()
+        second_opinion.start()
         failed = {"errors": 0, "timeouts": 0}
         t0 = time.perf_counter()
         out["verdict"] = reward.guarded(10, lambda: verify("9^{9^{9}}", "9^{9^{9^{9}}}"), "9^{9^{9^{9}}}", failed)
         out["seconds"], out["failed"] = time.perf_counter() - t0, failed
-        out["replaced"] = reward._SECOND.worker["proc"].poll() is None  # started at once, importing
-        reward.start_second_opinion()  # waits for its import (which may take over 0.5 s on a loaded machine)
+        out["replaced"] = second_opinion._LOCAL.worker["proc"].poll() is None  # started at once, importing
+        second_opinion.start()  # waits for its import (which may take over 0.5 s on a loaded machine)
         out["after"] = verify("4", "\\gcd(12, 8)")
 
     th = threading.Thread(target=work)
@@ -803,7 +804,7 @@ def test_hostile_inputs_with_the_second_opinion_in_a_thread():
     finally:
         faulthandler.cancel_dump_traceback_later()
     assert out["failed"]["errors"] == 0, out["failed"]
-    bound = reward.SECOND_OPINION_START + reward.SECOND_OPINION_TIMEOUT + 1.0  # a worker's import, a verdict
+    bound = second_opinion.SECOND_OPINION_START + second_opinion.SECOND_OPINION_TIMEOUT + 1.0  # a worker's import, a verdict
     assert out["worst"][0] < bound < 10, out["worst"]
 
 

@@ -14,7 +14,7 @@ WORKER = textwrap.dedent('''
     import os, sys
     import torch, torch.distributed as dist
     from transformers import AutoModelForCausalLM
-    import policy, rollout
+    import ranks, rollout
 
     def max_error(model, groups):
         """Largest |sampler - transformers| log-prob over all response tokens (temperature 1)."""
@@ -53,7 +53,7 @@ WORKER = textwrap.dedent('''
         assert total.item() == 3.0
         engine.close()  # ... and survives the engine
         print(f"RANK {rank} OK", flush=True)
-        policy.end_distributed()
+        ranks.end_distributed()
 ''')
 
 

@@ -36,7 +36,7 @@ SCRIPT = r'''
 import json, math, sys, torch, torch.distributed as dist
 from types import SimpleNamespace
 sys.path.insert(0, ROOT)
-import policy, rollout, train
+import ranks, rollout, train
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 out = {}
@@ -92,7 +92,7 @@ dist.all_gather_object(gathered, out["tokens"])
 out["tokens"] = [t for part in gathered for t in part]
 if rank == 0:
     print("RESULT " + json.dumps(out))
-policy.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
+ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
 '''
 
 

@@ -81,8 +81,8 @@ import json, sys, torch.distributed as dist
 from types import SimpleNamespace
 sys.path.insert(0, ROOT)
 import reward, rollout, train
-import policy
-from policy import TrainState
+import ranks
+from checkpoint import TrainState
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 RIGHT, WRONG = "so \\boxed{7}", "so \\boxed{8}"
@@ -115,7 +115,7 @@ parts = [None, None]
 dist.all_gather_object(parts, out)
 if rank == 0:
     print("RESULT " + json.dumps(parts))
-policy.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
+ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may abort the exit
 '''
 
 

@@ -30,7 +30,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import reward  # noqa: E402
-import policy  # noqa: E402
+import checkpoint  # noqa: E402
+import ranks  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 import train  # noqa: E402
@@ -87,12 +88,12 @@ if __name__ == "__main__":
         rollout.make_engine = dumping_engine
     if "--slow-save" in ours:
         import time
-        delay, real_publish = float(ours[ours.index("--slow-save") + 1]), policy.publish
+        delay, real_publish = float(ours[ours.index("--slow-save") + 1]), checkpoint.publish
 
         def slow_publish(tmp, final):
             time.sleep(delay)
             return real_publish(tmp, final)
-        policy.publish = slow_publish
+        checkpoint.publish = slow_publish
     if "--reward-fails" in ours:
         import time
         import zlib
@@ -135,4 +136,4 @@ if __name__ == "__main__":
                     (p.to_local() if hasattr(p, "to_local") else p).view(-1)[0] = float("nan")
             return real_lr(cfg, s)
         train.load_policy, train.lr_at = keep_policy, corrupting_lr
-    policy.run_main(lambda: train.main(rest))
+    ranks.run_main(lambda: train.main(rest))

@@ -1,0 +1,174 @@
+"""The process group: joined and left by every rank (setup_distributed, end_distributed),
+reductions over it (all_ranks; the exact quantile of values spread over the ranks: global_tail),
+a bad input reported once for all ranks (run_main), and a worker that outlives its launcher ended
+(watch_launcher, started when this module is imported).
+"""
+import json
+import math
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from config import UserError
+
+
+def process_group_backend(cuda):
+    """The torch.distributed backend string: gloo for CPU tensors always, nccl for CUDA ones.
+
+    An nccl-only group fails the first collective on a CPU tensor ("No backend type associated
+    with device type cpu"), and train.py reduces its metrics on the CPU; vLLM's external launcher
+    also asks for both ('cpu:gloo,cuda:nccl').
+    """
+    return "cpu:gloo,cuda:nccl" if cuda else "cpu:gloo"
+
+
+def setup_distributed():
+    """Join torchrun's process group, or make a group of one on a free port. -> (rank, world, device)
+
+    Used by train.py and eval.py alike. Call it before make_engine: in a process without a
+    group, vLLM would make its own.
+    """
+    if "RANK" not in os.environ:  # plain `python train.py`: a group of one
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=os.environ.get("MASTER_PORT", port))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(process_group_backend(cuda), device_id=device if cuda else None)
+    # Every rank past its connections before any goes on: a rank that stops at once on bad input
+    # (its one-line error, os._exit) would otherwise close its end while a slower peer is still
+    # connecting, and that peer would die with gloo's "Connection closed by peer" traceback.
+    dist.barrier()
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+EXIT_GRACE_S = 0.05  # end_distributed's pause with the GIL released
+
+
+def end_distributed():
+    """Leave the process group, last of all, on every rank: a barrier, destroy_process_group, then
+    a pause of EXIT_GRACE_S with the GIL released.
+
+    The pause works around a race in torch 2.13's gloo backend. A gloo worker thread frees a
+    finished collective's tensors after the caller has gone on; one that Python has let go of
+    needs the GIL to be freed, and if the interpreter is shutting down by then, the thread's wait
+    for the GIL ends it inside a noexcept C++ frame: "terminate called without an active
+    exception", SIGABRT, and torchrun calls a finished run a failure (exit code -6). After FSDP's
+    all-gathers it hit 1 two-rank exit in 5 to 8 (bench/bench_exit.py); a barrier alone does not
+    close it (the freeing thread may still be behind it), the pause does (the thread takes the GIL
+    as soon as the main thread sleeps).
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+    time.sleep(EXIT_GRACE_S)
+
+
+def all_ranks(values, op="sum"):
+    """Reduce a dict of named numbers over all ranks in one collective -> dict of floats.
+
+    A collective: every rank must call it, as often, with the same keys."""
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                           "min": dist.ReduceOp.MIN}[op])
+    return dict(zip(keys, t.tolist()))
+
+
+def tail_size(n, q):
+    """How many of the largest of n values reach down to their q-quantile (nearest rank: the
+    ceil(q n)-th smallest, numpy's method="inverted_cdf")."""
+    return n - math.ceil(round(q * n, 9)) + 1
+
+
+def keep_largest(top, values, k):
+    """The k largest of `top` and `values` (1-D tensors)."""
+    both = torch.cat([top, values.float()])
+    return torch.topk(both, min(k, len(both))).values
+
+
+def global_tail(top, n, q):
+    """(max, q-quantile) of n values spread over the ranks, from each rank's tail_size(n, q)
+    largest (`top`). A collective."""
+    tops = [None] * dist.get_world_size()
+    dist.all_gather_object(tops, top.tolist())
+    union = sorted((v for t in tops for v in t), reverse=True)
+    return union[0], union[tail_size(n, q) - 1]
+
+
+def run_main(main):
+    """main(), with bad input (UserError, FileNotFoundError) reported as one `error: ...` line on
+    stderr (report_error) and exit code 2, no traceback; other exceptions keep theirs (they are bugs
+    or faults)."""
+    try:
+        return main()
+    except (UserError, FileNotFoundError) as e:
+        report_error(f"error: {e}")
+        os._exit(2)  # not sys.exit: peers may be gone, and shutdown hooks would wait on them
+
+
+def report_error(line):
+    """Print `line` on stderr on a line of its own, once per launcher.
+
+    Under torchrun every rank usually fails alike: the first rank of this node to get here prints
+    it (a file made with O_EXCL beside the ranks' error files decides), and every rank writes it as
+    its error file (TORCHELASTIC_ERROR_FILE), which torchrun's failure report then shows as the
+    root cause's `traceback :` line, last of all, instead of a link to its documentation. Other
+    launchers of several processes: each rank prints it, prefixed with its rank. One write, so
+    that two processes' lines never interleave (print writes the text and the newline apart).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    error_file, first = os.environ.get("TORCHELASTIC_ERROR_FILE"), True
+    if error_file:
+        try:
+            with open(error_file, "w") as f:  # the format of torch.distributed.elastic's @record
+                json.dump({"message": {"message": line, "extraInfo": {
+                    "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+            os.close(os.open(os.path.join(os.path.dirname(os.path.dirname(error_file)), "error_shown"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            first = False
+        except OSError:
+            pass
+    elif int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        line = f"[rank {os.environ['RANK']}] {line}"
+    if first:
+        os.write(2, (line + "\n").encode())
+
+
+LAUNCHER_POLL_S = 1.0  # a torchrun worker checks its launcher is alive this often
+
+
+def watch_launcher(parent, period=LAUNCHER_POLL_S):
+    """Under torchrun: exit this worker within `period` seconds of the death of the launcher `parent`.
+
+    torchrun starts each worker in a session of its own, so when torchrun alone is killed (an OOM
+    killer's choice) nothing signals the workers; ones waiting in a rendezvous or a collective
+    would sit holding their GPUs. A daemon thread, started when this module is imported (early in
+    train.py and eval.py: a worker still importing vLLM is covered too), watches the parent pid:
+    it changes when the parent dies and the worker is re-parented. Exit code 3.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or getattr(watch_launcher, "started", False):
+        return
+    rank = os.environ.get("RANK", "?")
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(period)
+        print(f"[rank {rank}] error: the launcher (pid {parent}) died; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(3)
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    watch_launcher.started = True
+
+
+watch_launcher(os.getppid())
