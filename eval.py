@@ -628,6 +628,8 @@ def main(argv=None):
     mine = sum(len(my_problems(len(rows), rank, world)) * plan[name][0] for name, rows in problems.items())
     bar = tqdm(total=mine, unit="sample", disable=rank != 0,
                desc="sampling" if world == 1 else f"sampling (rank 0 of {world})")
+    judge = make_judge(args.grader)
+    thinking_opened = reward.thinking_opened(data.build_prompt(tokenizer, "", args.template))
     for name, rows in problems.items():
         n, ks = plan[name]
         chunk_size = chunks[name] = args.chunk_size or math.ceil(SEQS_PER_CALL / n)
@@ -635,9 +637,8 @@ def main(argv=None):
         records = gather(sample_benchmark(
             engine, name, rows, prompts[name], n=n, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, chunk_size=chunk_size,
-            ks=ks, judge=make_judge(args.grader), reward_timeout=args.reward_timeout, rank=rank,
-            world=world, context=max_model_len, clock=clock, bar=bar,
-            thinking_opened=reward.thinking_opened(data.build_prompt(tokenizer, "", args.template))), world)
+            ks=ks, judge=judge, reward_timeout=args.reward_timeout, rank=rank, world=world,
+            context=max_model_len, clock=clock, bar=bar, thinking_opened=thinking_opened), world)
         if rank == 0:
             results[name], all_records[name] = summarize(records, ks), records
             if results[name]["truncation_rate"] > 0.5:

@@ -24,8 +24,23 @@ import torch.distributed as dist
 
 import tepo
 from config import UserError
+from ranks import all_ranks
 
 # ----------------------------------------------------------------------------- micro-batches
+
+
+def groups_of(seqs):
+    """seqs -> [the sequences of one group (one prompt)], in order of first appearance."""
+    groups = {}
+    for s in seqs:
+        groups.setdefault(s.gid, []).append(s)
+    return list(groups.values())
+
+
+def cost(seqs):
+    """The positions a forward of `seqs` computes in the packed layout: each prompt once, and every
+    response token (computed_tokens, per micro-batch)."""
+    return sum({s.gid: len(s.prompt) for s in seqs}.values()) + sum(len(s.resp) for s in seqs)
 
 
 def micro_batches(seqs, budget, layout="packed"):
@@ -38,13 +53,11 @@ def micro_batches(seqs, budget, layout="packed"):
     Nothing is padded. "grouped" (the layout of before): one prompt's responses, padded to the
     longest, b x (p + R) <= budget.
     """
-    groups = {}
-    for s in seqs:
-        groups.setdefault(s.gid, []).append(s)
+    groups = groups_of(seqs)
     out = []
     if layout == "packed":
         units = []
-        for group in groups.values():
+        for group in groups:
             cur, size = [], len(group[0].prompt)
             for s in group:
                 if cur and size + len(s.resp) > budget:
@@ -61,7 +74,7 @@ def micro_batches(seqs, budget, layout="packed"):
                 cur = []
             cur.append(unit)
         return out + [[s for u in cur for s in u]] if cur else out
-    for group in groups.values():
+    for group in groups:
         group = sorted(group, key=lambda s: len(s.resp), reverse=True)
         cur = []
         for s in group:  # cur[0] is the longest: its length is the padded length
@@ -78,8 +91,7 @@ def computed_tokens(mbs, layout="packed", rows=False):
     plus every response token (packed); p + b x R per micro-batch of one prompt (grouped), or
     b x (p + R) when every row holds its own prompt (`rows`: activation checkpointing)."""
     if layout == "packed":
-        return sum(sum({s.gid: len(s.prompt) for s in mb}.values()) + sum(len(s.resp) for s in mb)
-                   for mb in mbs)
+        return sum(map(cost, mbs))
     return sum((len(mb) if rows else 1) * len(mb[0].prompt) + len(mb) * max(len(s.resp) for s in mb)
                for mb in mbs)
 
@@ -136,7 +148,7 @@ def collate(mb, device, layout="packed", rows=False):
 # ----------------------------------------------------------------------------- over the ranks
 
 
-def balance_ranks(minibatches, *, rest_forwarded=True):
+def balance_ranks(minibatches, *, full_batch_metrics=True):
     """Deal each global mini-batch's sequences over the ranks so that every phase's forwards cost
     every rank about the same. A collective. -> this rank's mini-batches
 
@@ -144,8 +156,8 @@ def balance_ranks(minibatches, *, rest_forwarded=True):
     lengths vary widely, and a group whose rewards are all equal has A = 0 and is not trained),
     and lock-step makes every rank wait for the busiest. The loss and its gradient do not change:
     every normalisation is by global counts, and mini-batch k still holds the same sequences over
-    all ranks. `rest_forwarded`: whether the old pass forwards the sequences out of the loss too
-    (train.py's full_batch_metrics). The rule: deal.
+    all ranks. `full_batch_metrics` (the config key): whether the old pass forwards the sequences
+    out of the loss too. The rule: deal.
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     if world == 1:
@@ -153,11 +165,11 @@ def balance_ranks(minibatches, *, rest_forwarded=True):
     everyone = [None] * world
     dist.all_gather_object(everyone, minibatches)
     dealt = deal([[s for part in everyone for s in part[k]] for k in range(len(minibatches))], world,
-                 rest_forwarded=rest_forwarded)
+                 full_batch_metrics=full_batch_metrics)
     return dealt[rank]
 
 
-def deal(minibatches, world, *, rest_forwarded=True):
+def deal(minibatches, world, *, full_batch_metrics=True):
     """balance_ranks' rule: [the sequences of mini-batch k, every rank's] -> [[the sequences of
     mini-batch k dealt to rank r] for each rank r], the same on every rank.
 
@@ -167,7 +179,7 @@ def deal(minibatches, world, *, rest_forwarded=True):
          and the covariance selection forward the same ones.
       2. the old pass, one lock-step pass over every mini-batch: it forwards the sequences of step
          1 past the first mini-batch (whose own forward gives the first its old values), and the
-         sequences out of the loss (A = 0) when `rest_forwarded`; these are dealt last, to even
+         sequences out of the loss (A = 0) when `full_batch_metrics`; these are dealt last, to even
          out what step 1 left.
     Both steps deal with spread."""
     out = [[[] for _ in minibatches] for _ in range(world)]
@@ -178,25 +190,11 @@ def deal(minibatches, world, *, rest_forwarded=True):
             old_pass[r] += cost(part) if k > 0 else 0
     rest = [(k, g) for k, mb in enumerate(minibatches) for g in groups_of([s for s in mb if not s.in_loss])]
     mb_of = {id(s): k for k, g in rest for s in g}
-    loads = old_pass if rest_forwarded else [0] * world
+    loads = old_pass if full_batch_metrics else [0] * world
     for r, part in enumerate(spread([g for _, g in rest], loads)):
         for s in part:
             out[r][mb_of[id(s)]].append(s)
     return out
-
-
-def groups_of(seqs):
-    """seqs -> [the sequences of one group (one prompt)], in order of first appearance."""
-    groups = {}
-    for s in seqs:
-        groups.setdefault(s.gid, []).append(s)
-    return list(groups.values())
-
-
-def cost(seqs):
-    """The positions a forward of `seqs` computes in the packed layout: each prompt once, and every
-    response token (computed_tokens of one micro-batch)."""
-    return sum({s.gid: len(s.prompt) for s in seqs}.values()) + sum(len(s.resp) for s in seqs)
 
 
 def spread(groups, loads):
@@ -237,9 +235,7 @@ def spread(groups, loads):
 
 def most_over_ranks(n):
     """The largest `n` of any rank. A collective."""
-    t = torch.tensor([float(n)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(all_ranks({"n": n}, "max")["n"])
 
 
 def lockstep_forwards(model, seqs, *, cfg, device, with_entropy, grad=False):

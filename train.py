@@ -162,7 +162,7 @@ def main(argv=None):
         rollouts = sample_and_grade(run, step=step)                                  # 1
         run.engine.sleep()  # GPU: free the engine's memory for the update (no-op on CPU)
         minibatches = balance_ranks(make_sequences(rollouts.groups, cfg=cfg, rank=run.rank),  # 2
-                                    rest_forwarded=cfg.full_batch_metrics)
+                                    full_batch_metrics=cfg.full_batch_metrics)
         old_pass = old_logprobs(run, minibatches=minibatches)                        # 3
         update = update_policy(run, minibatches=minibatches, step=step)              # 4
         synced = sync_weights(run, changed=update.changed)                           # 5

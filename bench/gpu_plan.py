@@ -142,7 +142,7 @@ def step_positions(cfg, W, prompt, resp, sd, equal, steps=40, seed=0):
                                          in_loss=a != 0 or lcfg.every_response_in_loss, rollout_logp=None))
             for k, part in enumerate(np.array_split(np.arange(len(seqs)), K)):
                 mbs[k] += [seqs[i] for i in part]
-        dealt = packing.deal(mbs, W, rest_forwarded=cfg.full_batch_metrics)
+        dealt = packing.deal(mbs, W, full_batch_metrics=cfg.full_batch_metrics)
         upd = [[work([s for s in dealt[r][k] if s.in_loss]) for r in range(W)] for k in range(K)]
         old = [work([s for k in range(K) for s in dealt[r][k]
                      if (s.in_loss and k > 0) or (not s.in_loss and cfg.full_batch_metrics)]) for r in range(W)]
