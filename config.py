@@ -1,7 +1,8 @@
 """The run's settings: the `Config` dataclass (one field per YAML key, each with its meaning), and
 `load_config`, which reads a YAML file (and the file its `base:` names) plus `--set key=value`
 overrides, and rejects unknown keys and values of the wrong type with the key's name; which keys
-define a run and which a resume may change (`FREE_KEYS`, `config_changes`)."""
+define a run, which a resume may change and which the seeds of one configuration may differ in
+(`run_values`, `FREE_KEYS`, `FREE_UNLESS`, `defining_values`, `config_changes`)."""
 import dataclasses
 import math
 import os
@@ -80,12 +81,9 @@ class Config:
                 "max_new_tokens": self.max_new_tokens, **self.loss})
         except (TypeError, ValueError) as e:
             raise UserError(f"config: {e}") from None
-        if self.dynamic_sampling is None:
-            self.dynamic_sampling = self.method == "dapo"
-        if self.overlong_buffer is None:
-            self.overlong_buffer = self.max_new_tokens // 4 if self.method == "dapo" else 0
-        if self.wrong_reward is None:  # DAPO scores right +1, wrong -1, then adds the overlong penalty
-            self.wrong_reward = -1.0 if self.method == "dapo" else 0.0
+        for name, value in method_defaults(self.method, self.max_new_tokens).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         for name in ("model", "train_data"):
             if not getattr(self, name):
                 raise UserError(f"config: `{name}` is required")
@@ -207,38 +205,89 @@ def load_config(path, overrides=()):
     return Config(**raw)
 
 
-# The keys a resume may change: they cannot change what the run computes, only what it logs,
-# evaluates, keeps or stops on, or how it lays out the work in memory (the same numbers but for
-# float rounding). `steps` too, unless the learning rate follows a cosine over them. Every other
-# key defines the run: method, loss, data, model, seed, batch shape, sampling, optimizer, rewards,
-# dtypes, backend.
-FREE_KEYS = ("out_dir", "steps", "eval_data", "eval_every", "eval_n", "eval_max_problems",
-             "save_every", "keep_last", "log_samples_every", "full_batch_metrics", "loggers",
-             "wandb_project", "wandb_run_name", "max_bad_steps", "reward_timeout",
-             "max_reward_errors", "micro_batch_tokens", "micro_batch_layout", "packed_attention",
+def method_defaults(method, max_new_tokens):
+    """The values a null `dynamic_sampling`, `overlong_buffer` and `wrong_reward` take under
+    `method`: DAPO's own (it scores right +1, wrong -1, then adds the overlong penalty), else off."""
+    dapo = method == "dapo"
+    return {"dynamic_sampling": dapo, "overlong_buffer": max_new_tokens // 4 if dapo else 0,
+            "wrong_reward": -1.0 if dapo else 0.0}
+
+
+def run_values(values):
+    """A config as saved (train_config.yaml, or results.json's train_config, as a dict) -> {key:
+    value} as the run uses them, so that a value written and the one a preset gives are one value
+    (`loss.clip_high: 0.2` on grpo is grpo): a key it lacks (a field added since) at its default, one
+    that no longer exists dropped, the nulls the method fills in filled (method_defaults), and `loss`
+    as every field of the method's LossConfig (`loss.clip_high`); `loss.max_new_tokens`, Dr.GRPO's
+    L_max, only where it is not max_new_tokens (which it follows unless set)."""
+    fields = dataclasses.fields(Config)
+    out = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+           for f in fields}
+    out.update({k: v for k, v in values.items() if k in out})
+    out = plain(out)
+    for name, value in method_defaults(out["method"], out["max_new_tokens"]).items():
+        if out[name] is None:
+            out[name] = value
+    names = {f.name for f in dataclasses.fields(tepo.LossConfig)} - {"method"}
+    written = {k: v for k, v in (out.pop("loss") or {}).items() if k in names}
+    try:
+        loss = tepo.LossConfig.preset(out["method"], **{"max_new_tokens": out["max_new_tokens"], **written})
+    except (TypeError, ValueError) as e:
+        raise UserError(f"config: {e}") from None
+    out.update({f"loss.{k}": v for k, v in loss.as_dict().items()
+                if k != "method" and not (k == "max_new_tokens" and v == out["max_new_tokens"])})
+    return out
+
+
+def micro_batches_select(values):
+    """Whether the run of `values` (run_values) selects Clip-Cov's or KL-Cov's tokens within each
+    micro-batch (`loss.cov_batch: microbatch`), so that how the batch is cut changes its loss."""
+    return values["loss.cov"] != "none" and values["loss.cov_batch"] == "microbatch"
+
+
+# The keys that cannot change a run's trajectory (its samples, rewards and weights at every step),
+# whatever the other keys say: what it logs, evaluates (from seeds of its own), keeps or stops on,
+# and how it lays out the work in memory (the same numbers but for float rounding). A resume may
+# change them, and the seeds of one configuration may differ in them (table.py). Every other key
+# defines the run: method, loss, data, model, seed, batch shape, sampling, optimizer, rewards (and
+# `reward_timeout`, which decides which responses are graded wrong), dtypes, backend.
+FREE_KEYS = ("out_dir", "eval_data", "eval_every", "eval_n", "eval_max_problems", "save_every",
+             "keep_last", "log_samples_every", "full_batch_metrics", "loggers", "wandb_project",
+             "wandb_run_name", "max_bad_steps", "max_reward_errors", "packed_attention",
              "activation_checkpointing", "gpu_memory_utilization")
+# The keys free only where another one cannot make them change the run: key -> whether it defines
+# the run of `values` (run_values). `steps` sets the length of a cosine schedule; how the batch is
+# cut into micro-batches sets the tokens Clip-Cov and KL-Cov select when they select per micro-batch.
+FREE_UNLESS = {"steps": lambda values: values["lr_schedule"] == "cosine",
+               "micro_batch_tokens": micro_batches_select,
+               "micro_batch_layout": micro_batches_select}
+
+
+def free_keys(values):
+    """The keys that cannot change the run of `values` (run_values): FREE_KEYS, and those of
+    FREE_UNLESS that it does not make define the run."""
+    return set(FREE_KEYS) | {k for k, defines in FREE_UNLESS.items() if not defines(values)}
+
+
+def defining_values(values):
+    """{key: value} of what defines the run of the config `values` (as saved), as run_values gives
+    them: equal for two runs that follow one trajectory, the same steps on the same samples."""
+    out = run_values(values)
+    free = free_keys(out)
+    return {k: v for k, v in out.items() if k not in free}
 
 
 def config_changes(saved, cfg):
     """What `cfg` changes of a run whose config was `saved` (a checkpoint's train_config.yaml, as
-    a dict) -> ({key: [saved value, new value]} of the keys that define the run, the same of
-    FREE_KEYS).
+    a dict) -> ({key: [saved value, new value]} of the keys that define the run, the same of the
+    keys free for both configs: free_keys).
 
-    Loss keys are compared one by one (`loss.clip_high`; None on the side that does not set it). A
-    key the saved config lacks (a field added since) counts as its default; one it has that no
-    longer exists is ignored.
+    Values are compared as the run uses them (run_values): after the method's preset, loss keys one
+    by one (`loss.clip_high`), a key the saved config lacks at its default.
     """
-    fields = dataclasses.fields(Config)
-    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in fields}
-    old = {**defaults, **{k: v for k, v in saved.items() if k in defaults}}
-    old, new = (yaml.safe_load(yaml.safe_dump(d)) for d in (plain(old), config_dict(cfg)))  # as saved
-    changed = {f.name: [old[f.name], new[f.name]] for f in fields
-               if f.name != "loss" and old[f.name] != new[f.name]}
-    old_loss, new_loss = old["loss"] or {}, new["loss"] or {}
-    changed.update({f"loss.{k}": [old_loss.get(k), new_loss.get(k)] for k in sorted({*old_loss, *new_loss})
-                    if old_loss.get(k) != new_loss.get(k)})
-    free = set(FREE_KEYS) - ({"steps"} if "cosine" in (old["lr_schedule"], new["lr_schedule"]) else set())
+    old, new = run_values(saved), run_values(config_dict(cfg))
+    changed = {k: [old.get(k), new.get(k)] for k in {**old, **new} if old.get(k) != new.get(k)}
+    free = free_keys(old) & free_keys(new)
     return ({k: v for k, v in changed.items() if k not in free},
             {k: v for k, v in changed.items() if k in free})
 

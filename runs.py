@@ -177,7 +177,7 @@ def record_config(cfg, ckpt, step, changes):
 def resumed_config(ckpt, cfg, allow_change):
     """The changes `cfg` makes to the config that produced checkpoint `ckpt` (its
     train_config.yaml): {key: [saved value, new value]}, or a UserError naming them when one of them
-    defines the run (config.FREE_KEYS says which do not) and `allow_change` is not set: going on
+    defines the run (config.free_keys says which do not) and `allow_change` is not set: going on
     silently would leave a run whose steps ran under two configs, only the last one on record."""
     path = os.path.join(ckpt, "train_config.yaml")
     try:

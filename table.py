@@ -15,8 +15,9 @@ Not here: how a protocol is recorded (eval.protocol), nor any sampling or gradin
 import json
 import math
 import os
+import re
 
-from config import UserError
+from config import UserError, defining_values, run_values
 
 # The TEPO paper's reported accuracies (%, Qwen2.5-Math-1.5B, its own protocol), as its abstract and
 # summaries give them: TEPO's average over the seven benchmarks and its MATH-500, and GRPO's average
@@ -72,25 +73,28 @@ def seed_cells(runs):
     return out
 
 
-# What tells the runs of one configuration apart: its seed and where it is written (wandb_run_name
-# names a run as out_dir does). Runs whose training configs are equal but for these are seeds of one
-# configuration, and only those are averaged: a method's name alone would merge grpo with grpo and
-# an entropy bonus, or the runs of a learning-rate sweep.
-RUN_KEYS = ("seed", "out_dir", "wandb_run_name")
-
-
-def configuration(cfg):
-    """A training config (train_config.yaml, as results.json records it) without RUN_KEYS, its
-    `loss` overrides as loss.<key>: equal for the seeds of one configuration."""
-    out = {k: v for k, v in cfg.items() if k not in RUN_KEYS and k != "loss"}
-    out.update({f"loss.{k}": v for k, v in (cfg.get("loss") or {}).items()})
+def configuration(cfg, ckpt):
+    """What makes the runs of one configuration seeds of it, from a training config
+    (train_config.yaml, as results.json records it) and its checkpoint `ckpt`: what defines the run
+    (config.defining_values, the definition a resume checks too) but its seed; and `steps` too for
+    a checkpoint not named by its step (`final`), whose place in the run it gives. So the seeds of
+    one configuration may differ in where they are written and what cannot change them (eval_every,
+    loggers, micro_batch_tokens unless Clip-Cov or KL-Cov select per micro-batch), and only those
+    are averaged: a method's name alone would merge grpo with grpo and an entropy bonus, or the runs
+    of a learning-rate sweep."""
+    out = defining_values(cfg)
+    del out["seed"]
+    if not re.fullmatch(r"step_\d+", os.path.basename(ckpt)):
+        out["steps"] = run_values(cfg)["steps"]
     return out
 
 
 def config_names(configs):
     """A name per configuration (configuration() dicts; None for a model without a training config):
     its method and the settings in which the configurations of that method in the table differ
-    ("grpo, loss.entropy_coef=0.001" beside "grpo, loss.entropy_coef=default", a key left unset)."""
+    ("grpo, loss.entropy_coef=0.001" beside "grpo, loss.entropy_coef=0.0"; a key that only some of
+    them have, such as micro_batch_tokens where Clip-Cov selects per micro-batch, named where it
+    is)."""
     names = []
     for c in configs:
         if c is None:
@@ -99,7 +103,7 @@ def config_names(configs):
         same = [o for o in configs if o is not None and o.get("method") == c.get("method")]
         keys = sorted(k for k in set().union(*same)
                       if len({json.dumps([k in o, o.get(k)], sort_keys=True) for o in same}) > 1)
-        names.append(", ".join([str(c.get("method") or "?")] + [f"{k}={c.get(k, 'default')}" for k in keys]))
+        names.append(", ".join([str(c.get("method") or "?")] + [f"{k}={c[k]}" for k in keys if k in c]))
     return names
 
 
@@ -152,12 +156,12 @@ def write_table(paths, out=None):
     """The Markdown table of several results.json (one protocol), printed, and written at `out`
     with a CSV beside it (out None: printed only, so that nothing lands where the command runs).
 
-    A row per run (its configuration's name, seed, checkpoint); for each configuration (training
-    configs equal but for RUN_KEYS) and checkpoint name (step_000500) with runs of two or more
-    seeds, a row of their mean with its interval over seeds; then, under the paper preset
-    unmodified, the paper's reported numbers, marked as a reference: they come from the paper's own
-    protocol (beside other benchmarks, settings or data they would only mislead). The protocol
-    line names the preset's overrides.
+    A row per run (its configuration's name, seed, checkpoint); for each configuration (runs alike
+    in what defines them but for the seed: configuration) and checkpoint name (step_000500) with
+    runs of two or more seeds, a row of their mean with its interval over seeds; then, under the
+    paper preset unmodified, the paper's reported numbers, marked as a reference: they come from the
+    paper's own protocol (beside other benchmarks, settings or data they would only mislead). The
+    protocol line names the preset's overrides.
     -> the Markdown text."""
     results = []
     for path in paths:
@@ -188,7 +192,13 @@ def write_table(paths, out=None):
                             f"{flags_to_match(result['protocol'], first)})")
     cols = list(first["benchmarks"]) + ["avg"]
     rows = []  # (label, kind, {col: (value, half or None)})
-    configs = [configuration(r["train_config"]) if r.get("train_config") else None for r in results]
+    configs = []
+    for path, r in zip(paths, results):
+        try:
+            configs.append(configuration(r["train_config"], r.get("ckpt") or path)
+                           if r.get("train_config") else None)
+        except UserError as e:
+            raise UserError(f"--table: {path}: its training {e}") from None
     groups = {}  # (configuration, checkpoint name) -> {seed: (path, cells)}; a model without one alone
     for path, result, config, name in zip(paths, results, configs, config_names(configs)):
         ckpt, seed = result.get("ckpt") or path, result.get("seed")

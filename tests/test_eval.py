@@ -314,7 +314,7 @@ def test_the_table_averages_the_seeds_of_one_training_configuration_only(tmp_pat
                        loss={"entropy_coef": 0.001})
     text = table.write_table([grpo, ent], str(tmp_path / "t.md"))
     assert "mean of" not in text
-    assert "| grpo, loss.entropy_coef=default (seed 0, grpo-s0/final) | 100.00" in text
+    assert "| grpo, loss.entropy_coef=0.0 (seed 0, grpo-s0/final) | 100.00" in text
     assert "| grpo, loss.entropy_coef=0.001 (seed 1, grpo-ent-s1/final) | 0.00" in text
     text = table.write_table([grpo, ent0, ent], str(tmp_path / "t.md"))
     assert "| **grpo, loss.entropy_coef=0.001, final: mean of 2 seeds** | 25.00 ± " in text
@@ -325,6 +325,34 @@ def test_the_table_averages_the_seeds_of_one_training_configuration_only(tmp_pat
     text = table.write_table(sweep, str(tmp_path / "t.md"))
     assert "| tepo, lr=2e-06 (seed 0, tepo-lr1/step_000100) |" in text
     assert "| **tepo, lr=1e-06, step_000100: mean of 2 seeds** | 75.00 ± " in text and text.count("mean of") == 1
+
+
+def test_seeds_may_differ_in_what_cannot_change_the_run_as_a_resume_may(tmp_path):
+    """Two grpo seeds that differ in eval_every and micro_batch_tokens follow one trajectory but for
+    their seed: one configuration, and a mean (they were two rows named as two configurations,
+    "grpo, eval_every=0, micro_batch_tokens=16384" and no mean). Under Clip-Cov selecting per
+    micro-batch, micro_batch_tokens changes the loss: two configurations, named by it. A `final`
+    checkpoint of 100 steps and one of 200 are other points of the run: not averaged."""
+    a = fake_result(tmp_path / "a.json", "grpo", 0, {"math500": [1, 1]}, step="final", run="grpo-s0")
+    b = fake_result(tmp_path / "b.json", "grpo", 1, {"math500": [0, 1]}, step="final", run="grpo-s1",
+                    eval_every=50, micro_batch_tokens=8192)
+    text = table.write_table([a, b], str(tmp_path / "t.md"))
+    assert "| grpo (seed 0, grpo-s0/final) | 100.00" in text and "| grpo (seed 1, grpo-s1/final) | 50.00" in text
+    # 100 and 50: sd 25 * sqrt(2), se over 2 seeds 25, t(0.975, 1 df) = 12.706
+    assert f"| **grpo, final: mean of 2 seeds** | 75.00 ± {12.706 * 25:.2f} |" in text
+    cov = dict(method="clipcov", step="final", loss={"cov_batch": "microbatch"})
+    c = fake_result(tmp_path / "c.json", seed=0, accs={"math500": [1, 1]}, run="cc-s0", **cov)
+    d = fake_result(tmp_path / "d.json", seed=1, accs={"math500": [0, 1]}, run="cc-s1", micro_batch_tokens=8192, **cov)
+    text = table.write_table([c, d], str(tmp_path / "t.md"))
+    assert "mean of" not in text
+    assert "| clipcov, micro_batch_tokens=16384 (seed 0, cc-s0/final) |" in text
+    assert "| clipcov, micro_batch_tokens=8192 (seed 1, cc-s1/final) |" in text
+    e = fake_result(tmp_path / "e.json", "grpo", 1, {"math500": [0, 1]}, step="final", run="grpo-s1", steps=200)
+    text = table.write_table([a, e], str(tmp_path / "t.md"))
+    assert "mean of" not in text and "| grpo, steps=200 (seed 1, grpo-s1/final) |" in text
+    f = fake_result(tmp_path / "f.json", "grpo", 1, {"math500": [0, 1]}, step="step_000100", run="grpo-s1", steps=200)
+    g = fake_result(tmp_path / "g.json", "grpo", 0, {"math500": [1, 1]}, step="step_000100", run="grpo-s0")
+    assert "| **grpo, step_000100: mean of 2 seeds** | 75.00" in table.write_table([f, g], str(tmp_path / "t.md"))
 
 
 def test_the_tables_refusal_names_the_flags_that_make_the_protocols_equal(tmp_path):

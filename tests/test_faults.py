@@ -77,7 +77,8 @@ def test_a_resume_may_change_only_what_cannot_change_the_run():
     defining, free = config_changes(saved, changed)
     assert defining == {"seed": [0, 1], "method": ["tepo", "dapo"], "train_data": ["d", "other"],
                         "lr": [1e-6, 2e-6], "wrong_reward": [0.0, -1.0], "dynamic_sampling": [False, True],
-                        "overlong_buffer": [0, 256], "loss.clip_high": [None, 0.5]}
+                        "overlong_buffer": [0, 256], "loss.ratio": ["sequence", "token"],
+                        "loss.clip_low": [3e-4, 0.2], "loss.clip_high": [4e-4, 0.5], "loss.kl_mask": [True, False]}
     assert free == {"steps": [100, 5], "micro_batch_tokens": [16384, 512], "eval_every": [0, 2],
                     "loggers": [["jsonl"], ["jsonl", "tensorboard"]]}
     cosine = train.load_config(None, BASE + ["lr_schedule=cosine"])
@@ -87,6 +88,61 @@ def test_a_resume_may_change_only_what_cannot_change_the_run():
     del saved["eval_n"], saved["betas"]
     saved["a_key_since_removed"] = 1
     assert config_changes(saved, base) == ({}, {})
+
+
+def saved_run(tmp_path, settings):
+    """A checkpoint directory of step 2 whose run was trained with `settings` (--set items), as
+    resumed_config reads it: its train_config.yaml and trainer_state.json."""
+    from config import config_dict
+    ckpt = tmp_path / "-".join(settings) / "step_000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "train_config.yaml").write_text(yaml.safe_dump(config_dict(train.load_config(None, BASE + settings))))
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    return str(ckpt)
+
+
+def test_micro_batch_tokens_define_the_run_where_clip_cov_selects_per_micro_batch(tmp_path):
+    """micro_batch_tokens (and the layout) cut the batch that Clip-Cov and KL-Cov select their
+    tokens in under `loss.cov_batch: microbatch`: a change is refused there (it was free), and free
+    where the selection is over the mini-batch (their default) or there is none (grpo)."""
+    from runs import resumed_config
+    for method in ("clipcov", "klcov"):
+        cov = [f"method={method}", "loss.cov_batch=microbatch"]
+        ckpt = saved_run(tmp_path, cov)
+        with pytest.raises(UserError, match=r"changes what defines the run of .*step_000002: micro_batch_tokens "
+                                            r"16384 -> 512; resume with its values"):
+            resumed_config(ckpt, train.load_config(None, BASE + cov + ["micro_batch_tokens=512"]), False)
+        with pytest.raises(UserError, match=r"micro_batch_layout 'packed' -> 'grouped'; "):
+            resumed_config(ckpt, train.load_config(None, BASE + cov + ["micro_batch_layout=grouped"]), False)
+        assert resumed_config(ckpt, train.load_config(None, BASE + cov + ["micro_batch_tokens=512"]), True) == \
+            {"micro_batch_tokens": [16384, 512]}
+    for method in (["method=clipcov"], ["method=klcov"], ["method=grpo", "loss.cov_batch=microbatch"]):
+        assert resumed_config(saved_run(tmp_path, method), train.load_config(
+            None, BASE + method + ["micro_batch_tokens=512", "micro_batch_layout=grouped"]), False) == \
+            {"micro_batch_tokens": [16384, 512], "micro_batch_layout": ["packed", "grouped"]}
+
+
+def test_a_resume_may_not_change_reward_timeout(tmp_path):
+    """reward_timeout decides which responses are graded wrong (a call over it is one): a change is
+    refused (it was free)."""
+    from runs import resumed_config
+    ckpt = saved_run(tmp_path, ["method=grpo"])
+    with pytest.raises(UserError, match=r"changes what defines the run of .*: reward_timeout 10\.0 -> 2\.0; "):
+        resumed_config(ckpt, train.load_config(None, BASE + ["method=grpo", "reward_timeout=2"]), False)
+
+
+def test_a_resume_compares_values_after_the_methods_preset(tmp_path):
+    """`loss.clip_high=0.2` (and kl_coef 0.04) on grpo are grpo's own values: no change (it was
+    refused as loss.clip_high None -> 0.2). Another value is one, named with the preset's value."""
+    from runs import resumed_config
+    ckpt = saved_run(tmp_path, ["method=grpo"])
+    assert resumed_config(ckpt, train.load_config(None, BASE + ["method=grpo", "loss.clip_high=0.2",
+                                                                "loss.kl_coef=0.04"]), False) == {}
+    with pytest.raises(UserError, match=r"changes what defines the run of .*: loss\.clip_high 0\.2 -> 0\.28; "):
+        resumed_config(ckpt, train.load_config(None, BASE + ["method=grpo", "loss.clip_high=0.28"]), False)
+    # and the other way: the saved run wrote the preset's value, the resume leaves it to the preset
+    ckpt = saved_run(tmp_path, ["method=grpo", "loss.clip_high=0.2"])
+    assert resumed_config(ckpt, train.load_config(None, BASE + ["method=grpo"]), False) == {}
 
 
 def train_cli(*args, torchrun=False, timeout=300):
@@ -335,8 +391,8 @@ def test_overwrite_removes_the_earlier_run_then_trains(tmp_path, tiny_model_dir)
 
 @pytest.mark.slow
 def test_a_resume_with_another_config_stops_unless_allowed_then_records_the_change(tmp_path, tiny_model_dir):
-    """2 steps, then --resume with lr and method changed: one line naming both keys and values,
-    nothing touched. With --allow-config-change it trains on; config.yaml still holds the config of
+    """2 steps, then --resume with lr and method changed: one line naming the keys and values (the
+    loss keys grpo's preset changes too), nothing touched. With --allow-config-change it trains on; config.yaml still holds the config of
     steps 1-2, and config_changes.jsonl says what changed after step 2. A change of keys that cannot
     change the run (steps, eval cadence) needs no flag and is recorded too. (It used to run on
     without a word, config.yaml overwritten by the new config.)"""
@@ -345,8 +401,12 @@ def test_a_resume_with_another_config_stops_unless_allowed_then_records_the_chan
     before = {f: open(os.path.join(out, f), "rb").read() for f in ("config.yaml", "metrics.jsonl", "samples.jsonl")}
     ckpt = os.path.join(out, "step_000002")
     res = train_cli("--config", cfg, "--resume", "--set", "steps=3", "--set", "lr=1e-4", "--set", "method=grpo")
+    # the loss keys as grpo's preset sets them (tepo.LossConfig.PRESETS), after the config's keys
     assert_one_line_error(res, f"--resume: the config changes what defines the run of {ckpt}: method 'tepo' -> "
-                               f"'grpo', lr 0.001 -> 0.0001; resume with its values, or pass "
+                               f"'grpo', lr 0.001 -> 0.0001, loss.ratio 'sequence' -> 'token', loss.clip_low "
+                               f"0.0003 -> 0.2, loss.clip_high 0.0004 -> 0.2, loss.aggregation 'token-mean' -> "
+                               f"'seq-mean-token-mean', loss.kl_coef 0.0 -> 0.04, loss.kl_mask True -> False; "
+                               f"resume with its values, or pass "
                                f"--allow-config-change to go on with these after step 2 (recorded in "
                                f"{out}/config_changes.jsonl)")
     assert {f: open(os.path.join(out, f), "rb").read() for f in before} == before
