@@ -471,21 +471,26 @@ def rows_digest(rows):
 
 def preset_overrides(args, plan, problems):
     """The ways this evaluation departs from its preset, each as the flag that made it ("--data
-    held_out.jsonl", "--temperature 1.0", "--data-dir d (other rows of math500)"), in flag order;
-    [] when it is the preset unmodified, or without a preset. The table shows the paper's reported
-    numbers only beside an unmodified paper protocol, and names these in its protocol line."""
+    held_out (rows 3f2a...)", "--temperature 1.0", "--data-dir (other rows of math500: 9c1e...)"), in
+    flag order; [] when it is the preset unmodified, or without a preset. The table shows the
+    paper's reported numbers only beside an unmodified paper protocol, and names these in its
+    protocol line. Data is named by content, the benchmark's name and the first 12 hex digits of its
+    rows_digest (the whole is in the protocol's benchmarks), never by path: the same rows in another
+    file or directory are one protocol. The paths are in results.json (config.files)."""
     preset = PRESETS.get(args.preset)
     if not preset:
         return []
     out = []
+    given = [os.path.splitext(os.path.basename(f))[0] for f in args.data]
     if args.data:
-        out.append("--data " + " ".join(args.data))
+        out.append("--data " + " ".join(f"{b} (rows {rows_digest(problems[b])[:12]})" for b in given))
     elif list(plan) != preset["benchmarks"]:
         out.append(f"--benchmarks {','.join(plan)}")
     other = [b for b in plan if b in BENCHMARK_ROWS and rows_digest(problems[b]) != BENCHMARK_ROWS[b]
-             and b not in [os.path.splitext(os.path.basename(f))[0] for f in args.data]]
+             and b not in given]
     if other:
-        out.append(f"--data-dir {args.data_dir} (other rows of {', '.join(other)})")
+        out.append("--data-dir (other rows of " + ", ".join(f"{b}: {rows_digest(problems[b])[:12]}"
+                                                             for b in other) + ")")
     rule = preset["n"] if isinstance(preset["n"], dict) else {"below_100": preset["n"], "else": preset["n"]}
     if args.greedy and not preset.get("greedy", False):
         out.append("--greedy")

@@ -279,7 +279,8 @@ def test_a_preset_modified_names_each_flag_that_modified_it(fake_ckpt, tmp_path)
     assert overrides(paper + ["-n", "4"]) == ["-n 4"]  # avg@4 on AIME too
     assert overrides(paper + ["--data", f"{data}/mine.jsonl", "--temperature", "1.0", "--max-new-tokens",
                               "64", "--max-problems", "2", "--top-p", "0.95"]) == \
-        [f"--data {data}/mine.jsonl", "--temperature 1.0", "--max-new-tokens 64", "--max-problems 2"]
+        [f"--data mine (rows {ev.rows_digest([{'problem': '1+1?', 'answer': '2'}])[:12]})", "--temperature 1.0",
+         "--max-new-tokens 64", "--max-problems 2"]
     assert overrides(paper + ["--benchmarks", "math500,aime24", "-n", "8", "--grader", "rule+math_verify",
                               "--prompt-template", "Q {problem}"]) == \
         ["--benchmarks math500,aime24", "-n 8", "--prompt-template 'Q {problem}'"]
@@ -292,10 +293,11 @@ def test_a_preset_modified_names_each_flag_that_modified_it(fake_ckpt, tmp_path)
         rows = [json.loads(line) for line in open(os.path.join(DATA_DIR, f))]
         if f == "amc23.jsonl":
             rows[3]["answer"] = "12345"
+            changed = ev.rows_digest(rows)
         (other / f).write_text("".join(json.dumps({"problem": r["problem"], "answer": r["answer"]}) + "\n"
                                        for r in rows))
     assert overrides(["--ckpt", ckpt, "--preset", "paper", "--data-dir", str(other)]) == \
-        [f"--data-dir {other} (other rows of amc23)"]
+        [f"--data-dir (other rows of amc23: {changed[:12]})"]  # by content: the same rows elsewhere are equal
     quick = ["--ckpt", ckpt, "--preset", "quick", "--data-dir", DATA_DIR, "--benchmarks", "math500"]
     assert overrides(quick + ["--greedy"]) == ["--benchmarks math500"]
     assert overrides(quick + ["--temperature", "0.6"]) == ["--benchmarks math500", "--temperature 0.6"]
@@ -449,6 +451,39 @@ def test_an_evaluation_under_another_protocol_does_not_replace_the_earlier_one(t
     other.write_text("[1, 2]")
     with pytest.raises(ev.UserError, match=r"other\.json holds something that is not a results\.json"):
         ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--backend", "hf", "--out", str(other)])
+
+
+def test_the_same_rows_at_another_path_are_one_protocol(tiny_model_dir, tmp_path):
+    """One benchmark's rows, re-encoded (other key order, spacing, an extra key) at another path,
+    each evaluated with `--preset quick --data PATH`: one protocol, so --table puts them side by
+    side (it refused them: "they differ in overrides: ['--data .../b/held.jsonl'] against
+    ['--data .../a/held.jsonl']"). The override names the rows by their digest; the paths stay in
+    results.json (config.files). Other rows under the same name are another protocol."""
+    import shutil
+    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "2+3?", "answer": "5"}]
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
+    (tmp_path / "a" / "held.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "b" / "held.jsonl").write_text("".join(json.dumps({"id": i, "answer": r["answer"], "problem": r["problem"]},
+                                                                  indent=None, separators=(" ,", ":  ")) + "\n"
+                                                       for i, r in enumerate(rows)))
+    (tmp_path / "c" / "held.jsonl").write_text("".join(json.dumps({**r, "answer": "7"}) + "\n" for r in rows))
+    results = {}
+    for d in "abc":  # three checkpoints (copies of one model): a table has one result per run
+        results[d] = str(tmp_path / f"{d}.json")
+        ckpt = shutil.copytree(tiny_model_dir, tmp_path / f"model-{d}")
+        ev.main(["--ckpt", str(ckpt), "--preset", "quick", "--data", str(tmp_path / d / "held.jsonl"),
+                 "--max-new-tokens", "4", "--backend", "hf", "--out", results[d]])
+    text = table.write_table([results["a"], results["b"]])
+    digest = ev.rows_digest(rows)
+    assert f"Protocol: quick, modified by --data held (rows {digest[:12]}), --max-new-tokens 4;" in text
+    assert text.count("(no training config)") == 2
+    for d in "ab":
+        got = json.load(open(results[d]))
+        assert got["protocol"]["overrides"] == [f"--data held (rows {digest[:12]})", "--max-new-tokens 4"]
+        assert got["config"]["files"] == {"held": str(tmp_path / d / "held.jsonl")}
+    with pytest.raises(ev.UserError, match=r"c\.json was evaluated under another protocol than .*a\.json \(they "
+                                           r"differ in benchmarks, overrides"):
+        table.write_table([results["a"], results["c"]])
 
 
 @pytest.mark.slow
