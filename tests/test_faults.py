@@ -145,6 +145,23 @@ def test_a_resume_compares_values_after_the_methods_preset(tmp_path):
     assert resumed_config(ckpt, train.load_config(None, BASE + ["method=grpo"]), False) == {}
 
 
+@pytest.mark.parametrize("method", train.tepo.METHODS)
+def test_the_values_a_resume_and_the_table_compare_are_those_the_run_uses(method):
+    """config.run_values resolves a saved config without building a Config (the table reads
+    results.json's configs, which need not import their grader); it must give what Config itself
+    resolves: each loss field as cfg.loss_cfg has it, every null as Config fills it."""
+    from config import config_dict, run_values
+    nulls = {f.name: None for f in dataclasses.fields(train.Config) if f.default is None}
+    for extra in ([], ["max_new_tokens=64", "loss.entropy_coef=0.001"]):
+        cfg = train.load_config(None, BASE + [f"method={method}"] + extra)
+        values = run_values(yaml.safe_load(yaml.safe_dump({**config_dict(cfg), **nulls})))
+        assert {k: values.get(f"loss.{k}", cfg.max_new_tokens if k == "max_new_tokens" else None)
+                for k in cfg.loss_cfg.as_dict() if k != "method"} == \
+            {k: v for k, v in cfg.loss_cfg.as_dict().items() if k != "method"}
+        assert {k: values[k] for k in config_dict(cfg) if k != "loss"} == \
+            {k: v for k, v in config_dict(cfg).items() if k != "loss"}
+
+
 def train_cli(*args, torchrun=False, timeout=300):
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
            if torchrun else [sys.executable]) + [os.path.join(ROOT, "train.py"), *args]
