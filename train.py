@@ -270,7 +270,8 @@ def sample_and_grade(run, *, step):
         t1 = time.perf_counter()
         new = []
         for row, samples in zip(prompts, outs):
-            graded = [guarded_reward(cfg, run.grader, s, row["answer"], failed, row["prompt"]) for s in samples]
+            graded = [guarded_reward(cfg, run.grader, s, row["answer"], failed=failed, prompt=row["prompt"])
+                      for s in samples]
             new.append(Group(row, samples, [g[0] for g in graded], [g[1] for g in graded]))
         groups, drawn = groups + new, drawn + new
         seconds["rollout"] += t1 - t0
@@ -340,7 +341,7 @@ def shaped_reward(cfg, grader, sample, answer, prompt=""):
     return r + penalty, correct
 
 
-def guarded_reward(cfg, grader, sample, answer, failed, prompt=""):
+def guarded_reward(cfg, grader, sample, answer, *, failed, prompt=""):
     """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
     (0.0, False) and is counted (guarded)."""
     out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer, prompt),

@@ -53,7 +53,7 @@ def test_it_is_guarded_and_its_failures_counted():
     cfg = train.Config(model="m", train_data="d", reward=SPEC)
     grader, failed = reward.make_grader(cfg.reward), {"errors": 0, "timeouts": 0}
     sample = types.SimpleNamespace(text="7 #", response_ids=[1, 2])
-    assert train.guarded_reward(cfg, grader, sample, "7", failed) == (0.0, False)
+    assert train.guarded_reward(cfg, grader, sample, "7", failed=failed) == (0.0, False)
     assert failed["errors"] == 1 and "a '#' in the response" in failed["first"]
 
 

@@ -452,10 +452,10 @@ def test_a_reward_that_raises_or_hangs_gives_zero_and_is_counted(monkeypatch):
     cfg = train.Config(model="m", train_data="d", reward_timeout=0.3)
     sample = types.SimpleNamespace(text="\\boxed{2}", response_ids=[1, 2])
     failed = {"errors": 0, "timeouts": 0}
-    assert train.guarded_reward(cfg, reward.math_reward, sample, "2", failed) == (1.0, True)
-    assert train.guarded_reward(cfg, lambda *a, **k: 1 / 0, sample, "2", failed) == (0.0, False)
+    assert train.guarded_reward(cfg, reward.math_reward, sample, "2", failed=failed) == (1.0, True)
+    assert train.guarded_reward(cfg, lambda *a, **k: 1 / 0, sample, "2", failed=failed) == (0.0, False)
     t0 = time.perf_counter()
-    assert train.guarded_reward(cfg, lambda *a, **k: time.sleep(100), sample, "2", failed) == (0.0, False)
+    assert train.guarded_reward(cfg, lambda *a, **k: time.sleep(100), sample, "2", failed=failed) == (0.0, False)
     assert time.perf_counter() - t0 < 1.0
 
     def busy(*a, **k):  # a pure-Python loop that swallows every Exception
@@ -464,7 +464,7 @@ def test_a_reward_that_raises_or_hangs_gives_zero_and_is_counted(monkeypatch):
                 sum(range(1000))
             except Exception:
                 pass
-    assert train.guarded_reward(cfg, busy, sample, "2", failed) == (0.0, False)
+    assert train.guarded_reward(cfg, busy, sample, "2", failed=failed) == (0.0, False)
     assert (failed["errors"], failed["timeouts"]) == (1, 2)
     assert failed["first"].startswith("ZeroDivisionError")
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

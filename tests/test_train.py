@@ -49,6 +49,16 @@ def test_config_errors_name_the_problem(tmp_path):
         train.load_config(str(tmp_path / "nope.yaml"))
 
 
+def test_train_functions_take_at_most_five_positional_parameters():
+    """train.py keeps a call's arguments readable: more than five go by keyword."""
+    import ast
+    tree = ast.parse(open(train.__file__).read())
+    over = [(f.name, len(f.args.posonlyargs) + len(f.args.args)) for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and len(f.args.posonlyargs) + len(f.args.args) > 5]
+    assert over == []
+
+
 def test_lr_schedule():
     cfg = train.Config(model="m", train_data="d", lr=1.0, warmup_steps=2, steps=12,
                        lr_schedule="cosine", min_lr_ratio=0.1)
