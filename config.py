@@ -69,7 +69,7 @@ class Config:
     log_samples_every: int = 10          # write a few graded responses to samples.jsonl (0: off)
     full_batch_metrics: bool = True      # entropy/Cov over all samples, not just the trained ones
     max_bad_steps: int = 5               # non-finite updates in a row before the run stops
-    reward_timeout: float = 10.0         # seconds a reward call may take; over it: reward 0, counted
+    reward_timeout: float = 10.0         # seconds a reward call may take; over it: a wrong answer, counted
     max_reward_errors: float = 0.1       # share of a step's rewards that may raise or time out
     loggers: list = field(default_factory=lambda: ["jsonl"])  # + tensorboard | wandb (trackers.py)
     wandb_project: str = "tepo"          # wandb: the project

@@ -253,8 +253,8 @@ def sample_and_grade(run, *, step):
     and draws fresh prompts until the ranks together hold P such groups (or max_sampling_tries run
     out; then it trains on what there is); a rank with more than its share makes up for one with
     fewer (share_out). Advances state.data_pos by P per draw.
-    A reward call that raises or runs over reward_timeout gives 0 and is counted; more than
-    max_reward_errors of them stop the run (reward_failures). -> Rollouts
+    A reward call that raises or runs over reward_timeout is a wrong answer (guarded_reward) and is
+    counted; more than max_reward_errors of them stop the run (reward_failures). -> Rollouts
     """
     cfg, state = run.cfg, run.state
     groups, drawn, failed = [], [], {"errors": 0, "timeouts": 0}
@@ -333,20 +333,31 @@ def shaped_reward(cfg, grader, sample, answer, prompt=""):
     think block is graded as "<think>" + response (reward.thinking_opened)."""
     text = ("<think>" if reward.thinking_opened(prompt) else "") + sample.text
     r = grader(text, answer, format_reward=cfg.format_reward, no_answer_penalty=cfg.no_answer_penalty)
+    return shape(cfg, r, len(sample.response_ids))
+
+
+def shape(cfg, r, n):
+    """(reward, correct) of a grader's reward `r` for a response of `n` tokens: wrong_reward added
+    to a wrong answer's, then the overlong penalty (shaped_reward)."""
     correct = r >= 1.0
     if not correct:
         r += cfg.wrong_reward
-    B, n = cfg.overlong_buffer, len(sample.response_ids)
+    B = cfg.overlong_buffer
     penalty = min(0.0, -(n - (cfg.max_new_tokens - B)) / B * cfg.overlong_factor) if B > 0 else 0.0
     return r + penalty, correct
 
 
 def guarded_reward(cfg, grader, sample, answer, *, failed, prompt=""):
-    """shaped_reward(), except that a call that raises or runs over cfg.reward_timeout seconds gives
-    (0.0, False) and is counted (guarded)."""
+    """shaped_reward(), except that a call that raises, runs over cfg.reward_timeout seconds or loses
+    math-verify's second opinion is counted (reward.guarded) and scored as a wrong answer: the lower
+    of a wrong answer's two rewards (format_reward boxed, -no_answer_penalty without an answer), then
+    wrong_reward and the overlong penalty of its length. So no response pays more by making the
+    grader fail than by being wrong (a failure scored 0 did: above DAPO's -1 and its penalty)."""
     out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer, prompt),
                          sample.text, failed)
-    return (0.0, False) if out is None else out
+    if out is None:
+        return shape(cfg, min(cfg.format_reward, -cfg.no_answer_penalty), len(sample.response_ids))
+    return out
 
 
 def informative_groups(groups):

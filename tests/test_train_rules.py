@@ -64,6 +64,55 @@ def test_correct_means_the_answer_is_right_not_that_the_reward_is_positive():
     assert train.informative_groups(groups) == [groups[1]]
 
 
+def test_a_failed_grading_call_scores_exactly_a_wrong_answer_of_its_length():
+    """configs/math1.5b-dapo.yaml, 10 tokens short of the 3,072-token cap: the overlong buffer is
+    3072 // 4 = 768 tokens, so the penalty runs from token 2,304 and is -(3062 - 2304) / 768 here; a
+    wrong answer scores -1 plus that. A grading call that raises, one that runs over reward_timeout,
+    and one whose math-verify second opinion is killed (a gcd of a huge binomial, which gets past the
+    rules' size guards; ~3 s) score the same and are counted (they scored 0: above every wrong answer)."""
+    import time
+    path = os.path.join(ROOT, "configs", "math1.5b-dapo.yaml")
+    c, quick = train.load_config(path), train.load_config(path, ["reward_timeout=0.3"])
+    n = c.max_new_tokens - 10
+    wrong = -1.0 - (3062 - 2304) / 768
+    grader = reward.make_grader(c.reward)
+    sample = rollout.Sample([1], [0] * n, WRONG, [0.0] * n, "length")
+    failed = {"errors": 0, "timeouts": 0}
+    assert train.guarded_reward(c, grader, sample, "7", failed=failed) == (pytest.approx(wrong, abs=1e-12), False)
+    assert failed == {"errors": 0, "timeouts": 0}
+    assert train.guarded_reward(c, lambda *a, **k: 1 / 0, sample, "7", failed=failed) == \
+        (pytest.approx(wrong, abs=1e-12), False)
+    assert train.guarded_reward(quick, lambda *a, **k: time.sleep(100), sample, "7", failed=failed) == \
+        (pytest.approx(wrong, abs=1e-12), False)
+    stall = rollout.Sample([1], [0] * n, "\\boxed{\\gcd(\\binom{1000000}{500000}, 7)}", [0.0] * n, "length")
+    assert train.guarded_reward(c, grader, stall, "7", failed=failed) == (pytest.approx(wrong, abs=1e-12), False)
+    assert (failed["errors"], failed["timeouts"]) == (1, 2) and failed["first"].startswith("ZeroDivisionError")
+
+
+def test_no_shaping_makes_a_failed_grading_call_pay_more_than_a_wrong_answer():
+    """Over random shaping configs (method, format_reward, no_answer_penalty, wrong_reward, the
+    overlong buffer and factor, the length): a failed call scores the lowest a wrong answer of its
+    length scores (a boxed wrong one or one without an answer), whatever the response says."""
+    import random
+    rng = random.Random(0)
+    for trial in range(300):
+        cap = rng.randint(4, 300)
+        c = cfg(method=rng.choice(["dapo", "grpo", "drgrpo", "gspo", "tepo"]), max_new_tokens=cap,
+                format_reward=rng.choice([0.0, rng.uniform(0, 0.99)]),
+                no_answer_penalty=rng.choice([0.0, rng.uniform(0, 2)]),
+                wrong_reward=rng.choice([None, rng.uniform(-2, 0.5)]),
+                overlong_buffer=rng.choice([None, 0, rng.randint(0, cap)]),
+                overlong_factor=rng.uniform(0, 2))
+        n = rng.randint(1, cap)
+        lowest = min(shaped(c, WRONG, n)[0], shaped(c, NONE, n)[0])
+        for text in (RIGHT, WRONG, NONE):
+            sample = rollout.Sample([1], [0] * n, text, [0.0] * n, "stop")
+            failed = {"errors": 0, "timeouts": 0}
+            r, correct = train.guarded_reward(c, lambda *a, **k: 1 / 0, sample, "7", failed=failed)
+            assert (r, correct, failed["errors"]) == (pytest.approx(lowest, abs=1e-12), False, 1), (trial, c, n)
+            assert r <= lowest + 1e-12
+
+
 def test_format_reward_below_one():
     with pytest.raises(train.UserError, match="format_reward must be < 1"):
         cfg(format_reward=1.0)
