@@ -893,11 +893,18 @@ def test_listed_misses_are_false_negatives_of_their_round(rnd):
 
 # ----------------------------------------------------------------------------- thinking models
 
+TWICE = "<think>\nx = 3? \\boxed{3}\n</think>\nHmm.\n<think>\nNo: x = 4.\n</think>\nThe answer is \\boxed{4}."
+
+
 @pytest.mark.parametrize("response,gold,answer,right", [
     ("<think>\nSo x = 3? \\boxed{3}. No, wait.\n</think>\nThe answer is \\boxed{4}.", "4", "4", True),
     ("<think>\nSo x = 3? \\boxed{3}. No, wait.\n</think>\nThe answer is \\boxed{4}.", "3", "4", False),
     ("<think>\nx is \\boxed{4}, I think, but let me check", "4", None, False),   # cut off while thinking
     ("<think>a</think><think>\\boxed{4}", "4", None, False),                      # a second one left open
+    # two think blocks, both closed: the answer follows the last (after the first </think> the
+    # second <think> would be still open: no answer)
+    (TWICE, "4", "4", True), (TWICE, "3", "4", False),
+    ("So 3.</think>\n\\boxed{3}\nWait.<think>\nNo, 4.\n</think>\n\\boxed{4}", "4", "4", True),  # the prompt opened one
     ("Thinking done.</think>\n\\boxed{4}", "4", "4", True),   # the prompt opened it (R1's template)
     ("No thinking: \\boxed{4}", "4", "4", True),
 ])
