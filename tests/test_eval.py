@@ -277,6 +277,7 @@ def test_a_preset_modified_names_each_flag_that_modified_it(fake_ckpt, tmp_path)
     paper = ["--ckpt", ckpt, "--preset", "paper", "--data-dir", DATA_DIR]
     assert overrides(paper) == [] and overrides(paper + ["--temperature", "0.6", "--top-p", "0.95"]) == []
     assert overrides(paper + ["-n", "4"]) == ["-n 4"]  # avg@4 on AIME too
+    assert overrides(paper + ["--top-p", "1.0"]) == ["--top-p 1.0"]  # alone, as each flag below
     assert overrides(paper + ["--data", f"{data}/mine.jsonl", "--temperature", "1.0", "--max-new-tokens",
                               "64", "--max-problems", "2", "--top-p", "0.95"]) == \
         [f"--data mine (rows {ev.rows_digest([{'problem': '1+1?', 'answer': '2'}])[:12]})", "--temperature 1.0",
