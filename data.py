@@ -27,6 +27,28 @@ def build_prompt(tokenizer, problem, template=None):
     return f"{problem}\n{INSTRUCTION}\n"
 
 
+def encode_prompt(tokenizer, problem, template=None):
+    """One problem's prompt as (text, token ids): build_prompt's text, and the ids that training,
+    sampling and evaluation all give the model. A chat template's prompt gets exactly the special
+    tokens the template writes: Llama 3's and Gemma 3's write `{{ bos_token }}`, and tokenizing
+    their text with the tokenizer's special tokens would put a second BOS before it. A plain prompt
+    gets those its tokenizer adds (prompt_ids)."""
+    text = build_prompt(tokenizer, problem, template)
+    if template is None and getattr(tokenizer, "chat_template", None):
+        return text, tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return text, prompt_ids(tokenizer, text)
+
+
+def prompt_ids(tokenizer, text):
+    """The token ids of a plain prompt text: with the special tokens its tokenizer adds (its BOS),
+    unless the text already begins with the BOS (a template that writes it), which gets no second."""
+    bos = getattr(tokenizer, "bos_token", None)
+    written = bool(bos) and text.startswith(bos)
+    # verbose=False: transformers would warn of the tokenizer's model_max_length, which need not be
+    # the model's context (the demo's: 4,096 and 512)
+    return tokenizer(text, add_special_tokens=not written, verbose=False)["input_ids"]
+
+
 def load_problems(path):
     """Read a JSONL file of {"problem": str, "answer": str, ...} rows; return the list of dicts.
 
@@ -85,7 +107,8 @@ def load_tokenizer(model_dir):
 
 
 def load_rows(path, cfg, tokenizer, rank):
-    """The rows of a JSONL data file whose prompt fits max_prompt_len, each with its prompt text.
+    """The rows of a JSONL data file whose prompt fits max_prompt_len, each with its prompt's text
+    and token ids (encode_prompt: "prompt", "prompt_ids").
 
     Longer prompts are dropped (and counted on the console): the engine's context is
     max_prompt_len + max_new_tokens, so they could not be sampled. Held-out accuracy is then over
@@ -94,12 +117,12 @@ def load_rows(path, cfg, tokenizer, rank):
     rows = load_problems(path)
     kept = []
     for row in rows:
-        row["prompt"] = build_prompt(tokenizer, row["problem"], cfg.prompt_template)
-        if len(tokenizer(row["prompt"]).input_ids) <= cfg.max_prompt_len:
+        row["prompt"], row["prompt_ids"] = encode_prompt(tokenizer, row["problem"], cfg.prompt_template)
+        if len(row["prompt_ids"]) <= cfg.max_prompt_len:
             kept.append(row)
     if not kept:
         raise UserError(f"{path}: no prompt fits max_prompt_len={cfg.max_prompt_len} tokens (the shortest "
-                        f"has {min(len(tokenizer(r['prompt']).input_ids) for r in rows)})")
+                        f"has {min(len(r['prompt_ids']) for r in rows)})")
     if rank == 0 and len(kept) < len(rows):
         print(f"{path}: dropped {len(rows) - len(kept)} of {len(rows)} prompts longer than "
               f"max_prompt_len={cfg.max_prompt_len}")

@@ -42,7 +42,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen
                           Qwen2Tokenizer)
 
 import reward
-from data import build_prompt, load_problems
+from data import build_prompt, encode_prompt, load_problems
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 # Every printable ASCII character plus newline, one token each: 2 specials + 96 characters.
@@ -409,8 +409,7 @@ def sft_batch(tokenizer, rows, template=DEMO_TEMPLATE):
     for r in rows:
         if not r.get("solution"):
             raise ValueError(f"SFT row has no 'solution': {r.get('problem', r)!r}")
-        prompt = tokenizer(build_prompt(tokenizer, r["problem"], template),
-                           add_special_tokens=False)["input_ids"]
+        prompt = encode_prompt(tokenizer, r["problem"], template)[1]  # as RL and evaluation see it
         response = tokenizer(r["solution"], add_special_tokens=False)["input_ids"]
         response = response + [tokenizer.eos_token_id]
         seqs.append(prompt + response)

@@ -17,7 +17,7 @@ table.py, which this command runs.
 
 Benchmarks are JSONL files with `problem` and `answer`, found in --data-dir (default: $TEPO_DATA_DIR,
 else `data/`) by name: math500, aime24, aime25, amc23, minerva, olympiadbench, gsm8k (see
-BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is data.build_prompt with
+BENCHMARKS), or any other `<name>.jsonl` there by its stem. The prompt is data.encode_prompt with
 the checkpoint's own `prompt_template` (from train_config.yaml, which train.py writes into every
 checkpoint), so a checkpoint is evaluated the way it was trained; --max-new-tokens defaults to its
 `max_new_tokens` (else 4096). A model without train_config.yaml gets the chat template (else a plain
@@ -613,10 +613,8 @@ def main(argv=None):
     proto = protocol(args, plan, problems, prompt)
     keep_other_protocol(args.out, proto)
     problems = {name: rows[:args.max_problems] for name, rows in problems.items()}
-    # tokenized as rollout tokenizes a text prompt; verbose=False: transformers would warn of the
-    # tokenizer's model_max_length, which need not be the model's context (the demo's: 4,096 and 512)
-    prompts = {name: [tokenizer(data.build_prompt(tokenizer, r["problem"], args.template),
-                                add_special_tokens=True, verbose=False)["input_ids"] for r in rows]
+    # the token ids training samples from (data.encode_prompt)
+    prompts = {name: [data.encode_prompt(tokenizer, r["problem"], args.template)[1] for r in rows]
                for name, rows in problems.items()}
     context = context_length(args.ckpt)
     longest = max(len(p) for ps in prompts.values() for p in ps)

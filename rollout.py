@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import data
+
 # ---------------------------------------------------------------------------------------------
 # Sampling engines
 # ---------------------------------------------------------------------------------------------
@@ -238,11 +240,13 @@ def _check_generate_args(prompts, n, max_new_tokens, temperature, top_p):
 
 
 def _tokenize_prompts(tokenizer, prompts, max_model_len):
-    """Token ids of each prompt (strings are tokenized as vLLM would); clear errors on bad ones."""
+    """Token ids of each prompt; clear errors on bad ones. A string is a plain prompt (data.prompt_ids:
+    the tokenizer's BOS unless it begins with one); train.py and eval.py give ids (data.encode_prompt),
+    so that a chat template's prompt has exactly the special tokens the template writes."""
     out = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
-            ids = tokenizer(p, add_special_tokens=True)["input_ids"]
+            ids = data.prompt_ids(tokenizer, p)
         elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
             ids = list(p)
         else:

@@ -234,8 +234,6 @@ def setup(cfg, *, resume, overwrite=False, allow_config_change=False):
             cut_back_log(os.path.join(cfg.out_dir, name), state.step if ckpt else None)
         record_config(cfg, ckpt, state.step, changes)
     eval_rows = eval_rows[:cfg.eval_max_problems or None]
-    for row in eval_rows:  # token ids as eval.py gives them to the engine
-        row["prompt_ids"] = tokenizer(row["prompt"], add_special_tokens=True)["input_ids"]
     return Run(cfg=cfg, rank=rank, world=world, device=device, tokenizer=tokenizer, model=model,
                ref_model=ref_model, optimizer=optimizer, engine=engine,
                grader=reward.make_grader(cfg.reward), judge=ev.make_judge(cfg.reward), rows=rows,
@@ -264,7 +262,7 @@ def sample_and_grade(run, *, step):
         prompts = prompts[run.rank::run.world]
         state.data_pos += cfg.prompts_per_step
         t0 = time.perf_counter()
-        outs = run.engine.generate([r["prompt"] for r in prompts], n=cfg.group_size,
+        outs = run.engine.generate([r["prompt_ids"] for r in prompts], n=cfg.group_size,
                                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                    top_p=cfg.top_p, seed=rollout.derive_seed(cfg.seed, step, attempt, run.rank))
         t1 = time.perf_counter()

@@ -45,7 +45,7 @@ import ranks  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 from config import load_config  # noqa: E402
-from data import build_prompt, load_tokenizer, resolve_model  # noqa: E402
+from data import build_prompt, encode_prompt, load_tokenizer, resolve_model  # noqa: E402
 from demo import DEMO_TEMPLATE, generate_rows, make_tiny_model  # noqa: E402
 from train import Sequence  # noqa: E402
 
@@ -102,7 +102,7 @@ def sequences(tokenizer, n, max_resp, seed=0):
     vocab = min(len(tokenizer), 30000)
     out = []
     for k, row in enumerate(rows):
-        prompt = tokenizer(build_prompt(tokenizer, row["problem"], DEMO_TEMPLATE))["input_ids"]
+        prompt = encode_prompt(tokenizer, row["problem"], DEMO_TEMPLATE)[1]
         for _ in range(2):
             R = int(torch.randint(1, max_resp + 1, (1,), generator=g))
             out.append(Sequence((0, k), prompt, torch.randint(3, vocab, (R,), generator=g).tolist(),

@@ -203,6 +203,26 @@ def test_token_id_prompts_and_max_model_len(engine, tokenizer):
     assert engine.generate([], n=2, max_new_tokens=4) == []
 
 
+def test_a_prompt_is_sampled_with_one_bos(engine, reference):
+    """With a tokenizer whose chat template writes the BOS and whose post-processor adds it (as
+    Llama 3's and Gemma 3's: tests/test_prompt_ids.py): a prompt's ids are sampled as given, a text
+    prompt that writes its BOS gets no second, a plain one the tokenizer's; and the log-probs are
+    the reference's on those ids, so the engine conditioned on them and nothing more."""
+    import data
+    from test_prompt_ids import BOS_ID, bos_tokenizer, one_bos
+    before, engine.tokenizer = engine.tokenizer, bos_tokenizer()  # the tiny model's vocabulary
+    try:
+        text, ids = data.encode_prompt(engine.tokenizer, "2+2?")
+        plain = "2+2? Answer:"
+        groups = engine.generate([ids, text, plain], n=2, max_new_tokens=4, temperature=1.0, seed=0)
+        want = [BOS_ID] + engine.tokenizer(plain, add_special_tokens=False)["input_ids"]
+    finally:
+        engine.tokenizer = before
+    got = [g[0].prompt_ids for g in groups]
+    assert got == [ids, ids, want] and all(one_bos(p) for p in got), [p[:3] for p in got]
+    assert max_logprob_error(reference, groups, 1.0) < TOL
+
+
 def test_bad_arguments_are_named(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="unknown rollout backend 'sglang'"):
         rollout.make_engine(tiny_model_dir, backend="sglang")

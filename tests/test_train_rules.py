@@ -143,14 +143,14 @@ class Engine:
     calls = 0
     def generate(self, prompts, n=1, **kw):
         Engine.calls += 1
-        held_out = isinstance(prompts[0], list)  # eval.py's path gives token ids
+        held_out = prompts[0][0] >= 1000  # the held-out rows' ids below
         plan = [MIXED] * len(prompts) if held_out else PLAN[rank][Engine.calls - 1]
         Engine.calls -= held_out
         return [[rollout.Sample([1], [5, 6], t, [-1.0, -1.0], "stop") for t in texts] for texts in plan]
 cfg = train.Config(model="m", train_data="d", method="grpo", dynamic_sampling=True,
                    max_sampling_tries=3, prompts_per_step=4, group_size=2, format_reward=0.5,
                    eval_n=2, max_new_tokens=4, eval_data="held_out.jsonl")
-rows = [{"prompt": f"p{i}", "answer": "7"} for i in range(40)]
+rows = [{"prompt": f"p{i}", "prompt_ids": [i], "answer": "7"} for i in range(40)]
 run = SimpleNamespace(cfg=cfg, rank=rank, world=2, engine=Engine(), grader=reward.make_grader("rule"),
                       judge=train.ev.make_judge("rule"), rows=rows, state=TrainState(),
                       eval_rows=[{"problem": f"e{i}", "prompt": f"e{i}", "prompt_ids": [1000 + i], "answer": "7"} for i in range(3)])
