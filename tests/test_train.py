@@ -49,6 +49,20 @@ def test_config_errors_name_the_problem(tmp_path):
         train.load_config(str(tmp_path / "nope.yaml"))
 
 
+def test_a_misspelled_key_is_named_with_the_closest_valid_one(tmp_path):
+    """A typo gets "did you mean": the closest valid key (difflib), one per unknown key when there
+    are several; a name close to none gets no guess."""
+    ok = write_yaml(tmp_path, {"model": "m", "train_data": "d.jsonl"})
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['eval_evry'\] \(did you mean 'eval_every'\?\); valid"):
+        train.load_config(ok, ["eval_evry=5"])
+    with pytest.raises(ValueError, match=r"\(did you mean 'lr' for 'lrr', 'seed' for 'seeed'\?\)"):
+        train.load_config(ok, ["lrr=1", "seeed=2"])
+    with pytest.raises(ValueError, match=r"unknown loss key\(s\) \['clip_hgh'\] \(did you mean 'clip_high'\?\)"):
+        train.load_config(ok, ["loss.clip_hgh=0.3"])
+    with pytest.raises(ValueError, match=r"\['zzz'\]; valid keys"):
+        train.load_config(ok, ["zzz=1"])
+
+
 def test_lr_schedule():
     cfg = train.Config(model="m", train_data="d", lr=1.0, warmup_steps=2, steps=12,
                        lr_schedule="cosine", min_lr_ratio=0.1)
