@@ -139,8 +139,9 @@ class Run:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", help="YAML file of Config fields (config.py)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config key (repeatable; loss.clip_high=0.0005 for loss keys)")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="override config keys: --set seed=1 out_dir=runs/x (repeatable; "
+                         "loss.clip_high=0.0005 for loss keys)")
     ap.add_argument("--resume", nargs="?", const="latest", metavar="CKPT",
                     help="continue from the newest checkpoint in out_dir, or from CKPT")
     ap.add_argument("--overwrite", action="store_true",

@@ -342,8 +342,8 @@ def main():
     ap.add_argument("--equal-groups", type=float, default=0.4,
                     help="share of groups with equal rewards, which the update skips (default 0.4: "
                          "early and late in training 40-60%% of groups are)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override, e.g. micro_batch_layout=grouped")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="config overrides, e.g. micro_batch_layout=grouped (several, as train.py's)")
     ap.add_argument("--no-anchor", action="store_true")
     args = ap.parse_args()
     import train
