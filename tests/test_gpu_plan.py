@@ -57,9 +57,11 @@ def test_the_readmes_plan_table_is_what_gpu_plan_computes(capsys):
     row (estimates; 40% of groups with equal rewards), so that an edit of the formulas or configs
     shows here, not as a stale number."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    rows = [line for line in text.splitlines() if re.match(r"\| (1\.5B|7B), (H100|A100|RTX 4090)", line)]
-    assert len(rows) == 6, rows
-    models = {"1.5B": ("configs/math1.5b-tepo.yaml", "1.5b"), "7B": ("configs/math7b.yaml", "7b")}
+    rows = [line for line in text.splitlines()
+            if re.match(r"\| (1\.5B|7B|Qwen3-4B), (H100|A100|RTX 4090)", line)]
+    assert len(rows) == 7, rows
+    models = {"1.5B": ("configs/math1.5b-tepo.yaml", "1.5b"), "7B": ("configs/math7b.yaml", "7b"),
+              "Qwen3-4B": ("configs/qwen3-4b.yaml", "qwen3-4b")}
     gpus = {"H100": "h100", "A100": "a100", "RTX 4090": "4090"}
     for row in rows:
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
