@@ -74,6 +74,13 @@ def test_the_readmes_plan_table_is_what_gpu_plan_computes(capsys):
             value = float(cell.lstrip("~"))
             tol = 0.5 if cell.startswith("~") else 0.05   # "~13": whole seconds
             assert abs(value - want[key]) <= tol, (row, key, want[key])
+    # "First hour on 8 GPUs" quotes the 1.5B H100 row for its ten-step run
+    first = text.split("## First hour on 8 GPUs", 1)[1].split("\n## ", 1)[0]
+    h100 = plan_figures("configs/math1.5b-tepo.yaml", "1.5b", "h100")
+    quoted = (f"{h100['rollout_gib']:.1f} GiB per GPU while sampling, {h100['update_gib']:.1f} GiB in the "
+              f"update, ~{h100['step_s']:.0f} s a step (rollout {h100['rollout_s']:.1f} s, old pass "
+              f"{h100['old_s']:.1f} s, update {h100['update_s']:.1f} s)")
+    assert quoted in " ".join(first.split()), quoted
     capsys.readouterr()
 
 
