@@ -87,7 +87,8 @@ def test_the_docs_show_the_commands_this_test_reads():
     for start in ("torchrun --nproc_per_node 2 train.py --config configs/demo.yaml",
                   "python demo.py prepare", "python eval.py --table", "python data.py fetch",
                   "torchrun --nproc_per_node 8 eval.py", "python bench/gpu_check.py",
-                  "torchrun --nproc_per_node 8 train.py --config configs/math1.5b-tepo.yaml --set steps=10"):
+                  "torchrun --nproc_per_node 8 train.py --config configs/math1.5b-tepo.yaml --set steps=10",
+                  "python -m pytest -q tests/"):
         assert any(c.startswith(start) for c in shown), start
     assert any(w.startswith("configs/") for w, _ in COMMANDS)
 
