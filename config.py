@@ -4,6 +4,7 @@ overrides, and rejects unknown keys and values of the wrong type with the key's 
 define a run, which a resume may change and which the seeds of one configuration may differ in
 (`run_values`, `FREE_KEYS`, `FREE_UNLESS`, `defining_values`, `config_changes`)."""
 import dataclasses
+import difflib
 import math
 import os
 import types
@@ -199,10 +200,19 @@ def load_config(path, overrides=()):
         raise UserError(f"config key 'loss' must be a mapping of loss keys, got {loss!r}")
     for what, keys, ok in (("config", raw, valid), ("loss", loss, loss_valid)):
         if set(keys) - set(ok):
-            raise UserError(f"unknown {what} key(s) {sorted(set(keys) - set(ok))}; valid keys: {sorted(ok)}")
+            unknown = sorted(set(keys) - set(ok))
+            raise UserError(f"unknown {what} key(s) {unknown}{did_you_mean(unknown, ok)}; "
+                            f"valid keys: {sorted(ok)}")
     raw = {k: typed(k, v, valid[k].type) for k, v in raw.items() if k != "loss"}
     raw["loss"] = {k: typed(f"loss.{k}", v, loss_valid[k].type) for k, v in loss.items()}
     return Config(**raw)
+
+
+def did_you_mean(unknown, valid):
+    """' (did you mean 'lr'?)' for the unknown keys that are close to a valid one (a typo), else ''."""
+    close = {k: difflib.get_close_matches(k, valid, n=1) for k in unknown}
+    hints = [f"{m[0]!r}" + (f" for {k!r}" if len(unknown) > 1 else "") for k, m in close.items() if m]
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 def method_defaults(method, max_new_tokens):

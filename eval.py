@@ -218,9 +218,17 @@ def context_length(ckpt):
     return cfg.get("max_position_embeddings")
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse with errors of one line, `eval.py: error: ...` (exit code 2): argparse printed the
+    9-line usage before each, which `eval.py -h` shows."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def parse_args(argv=None):
-    """Parse and check the command line; bad input exits with a message naming the problem."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    """Parse and check the command line; bad input exits with one line naming the problem."""
+    ap = OneLineErrors(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ckpt", help="transformers-format model directory")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="a named protocol (see PRESETS); its "
                                                               "settings yield to the flags given")
@@ -303,9 +311,14 @@ def parse_args(argv=None):
     names = args.benchmarks.split(",") if args.benchmarks else ([] if args.data else
                                                                 list(BENCHMARKS))
     unknown = [b for b in names if b.strip() not in found]
+    fetch = f"`python data.py fetch --out {args.data_dir}` fetches the benchmarks"
+    if unknown and not found:
+        what = "holds no .jsonl file" if os.path.isdir(args.data_dir) else "does not exist"
+        ap.error(f"no benchmarks: --data-dir {args.data_dir} {what}; {fetch} there, or --data "
+                 f"FILE.jsonl names a file of problems and answers")
     if unknown:
-        ap.error(f"unknown benchmark(s) {unknown} in --data-dir {args.data_dir}; found: "
-                 f"{sorted(found) or 'no .jsonl files'}")
+        ap.error(f"unknown benchmark(s) {unknown} in --data-dir {args.data_dir}; found: {sorted(found)}"
+                 + (f" ({fetch})" if any(b.strip() in BENCHMARKS for b in unknown) else ""))
     args.files = {b.strip(): found[b.strip()] for b in names}
     for f in args.data:
         if not os.path.isfile(f):

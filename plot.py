@@ -17,6 +17,9 @@ PANELS = [  # (title, [(metric, label suffix)])
             ("loss/kl_mask", "mask loss")]),
     ("Cov(logp, A)", [("actor/cov_logp_adv", "")]),
 ]
+# Reward and accuracy are equal where the reward is 1 right, 0 wrong (the demo): the reward is drawn
+# wide and pale, the accuracy dashed over it, so that both lines show.
+STYLES = {"reward/mean": dict(lw=4, alpha=0.45), "reward/accuracy": dict(ls="--", lw=1.5)}
 
 
 def read_metrics(run_dir):
@@ -51,7 +54,8 @@ def main(argv=None):
                 x, y = series(rows, key)
                 if x:
                     label = " ".join(p for p in (name if len(runs) > 1 else "", suffix) if p)
-                    ax.plot(x, y, marker="o" if len(x) < 30 else None, ms=3, label=label or None)
+                    ax.plot(x, y, marker="o" if len(x) < 30 else None, ms=3, label=label or None,
+                            **STYLES.get(key, {}))
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

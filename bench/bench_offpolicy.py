@@ -39,7 +39,8 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--set", action="append", default=[], help="extra train.py overrides")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="extra train.py overrides (several, as train.py's --set)")
     args = ap.parse_args()
     with open(os.path.join(ROOT, "configs", "demo.yaml")) as f:
         base = yaml.safe_load(f)

@@ -179,6 +179,9 @@ def eval_waves(problems, n, W, rule, max_num_seqs=256, seqs_per_call=1024):
 
 
 def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
+    """Print the plan of one model on W GPUs of one kind; -> its headline figures (GiB per GPU
+    of each phase, seconds per step and phase, minutes of eval.py --preset paper), which the
+    README and the configs' comments quote (tests/test_gpu_plan.py compares)."""
     gname, mem, flops, bw = GPUS[gpu]
     layer, root, N = params(m)
     ppr, G, T = cfg.prompts_per_step // W, cfg.group_size, cfg.micro_batch_tokens
@@ -293,6 +296,9 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
     print(f"eval.py --preset paper ({sum(p * n for p, n in paper.values()):,} samples) on {W} ranks: "
           f"{now} decode waves on the busiest rank, ~{now * wave / 60:.1f} min (before: {before} waves, "
           f"~{before * wave / 60:.1f} min)")
+    return {"rollout_gib": rollout_mem / GiB, "update_gib": update / GiB, "rollout_s": t_roll,
+            "old_s": t_old, "update_s": t_upd, "eval_s": t_eval,
+            "step_s": t_roll + t_old + t_upd + t_eval, "paper_eval_min": now * wave / 60}
 
 
 def count_rows(path):
@@ -342,8 +348,8 @@ def main():
     ap.add_argument("--equal-groups", type=float, default=0.4,
                     help="share of groups with equal rewards, which the update skips (default 0.4: "
                          "early and late in training 40-60%% of groups are)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override, e.g. micro_batch_layout=grouped")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="config overrides, e.g. micro_batch_layout=grouped (several, as train.py's)")
     ap.add_argument("--no-anchor", action="store_true")
     args = ap.parse_args()
     import train

@@ -92,8 +92,8 @@ def main():
     ap.add_argument("--against", required=True, help="the commit to compare with")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--work", default="/tmp/same_trajectory", help="scratch directory")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for both runs (repeatable)")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="config overrides for both runs (several, as train.py's --set)")
     ap.add_argument("--atol", type=float, default=0.0,
                     help="also accept an absolute difference up to this (default 0: relative 1e-5 only)")
     args = ap.parse_args()

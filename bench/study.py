@@ -640,8 +640,8 @@ def main(argv=None):
     r.add_argument("--nproc", type=int, default=2,
                    help="processes per run (torchrun; 1: plain python train.py)")
     r.add_argument("--config", default=CONFIG)
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="train.py overrides for every run")
+    r.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="train.py overrides for every run (several, as train.py's --set)")
     r.add_argument("--base-seed", type=int, default=0, help="seed of the task data and pre-training")
     r.add_argument("--pretrain-steps", type=int, default=800)
     r.add_argument("--base-eval", type=int, default=500, help="held-out problems demo.py measures")

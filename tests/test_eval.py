@@ -590,6 +590,28 @@ def test_cli_errors_name_the_problem(fake_ckpt, tmp_path, capsys):
     assert "{problem}" in err
 
 
+def test_cli_errors_are_one_line_and_a_missing_data_dir_names_the_fetch(fake_ckpt, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Each error is one line (argparse printed its 9-line usage first); `--ckpt X` with no data
+    directory names `python data.py fetch` and `--data` (it said "found: no .jsonl files")."""
+    ckpt, data = fake_ckpt
+    monkeypatch.delenv("TEPO_DATA_DIR", raising=False)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")                        # no data/ here
+    err = cli_error(capsys, ["--ckpt", ckpt])
+    assert err.count("\n") == 1 and "error: no benchmarks: --data-dir data does not exist; " \
+        "`python data.py fetch --out data` fetches the benchmarks there, or --data FILE.jsonl" in err
+    (tmp_path / "elsewhere" / "empty").mkdir()
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", "empty"])
+    assert err.count("\n") == 1 and "--data-dir empty holds no .jsonl file" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data])    # some there, aime24 missing
+    assert err.count("\n") == 1 and f"(`python data.py fetch --out {data}` fetches the benchmarks)" in err
+    err = cli_error(capsys, ["--ckpt", ckpt, "--data-dir", data, "--benchmarks", "mine", "--bogus"])
+    assert err.count("\n") == 1 and err.endswith("error: unrecognized arguments: --bogus\n")
+    err = cli_error(capsys, ["--ckpt", str(tmp_path / "nope")])
+    assert err.count("\n") == 1 and "checkpoint not found" in err
+
+
 def test_every_rank_samples_every_benchmark_within_one_problem():
     """Problems are dealt round-robin: all covered once, and each rank's share within one problem
     of the others', on any number of ranks (the chunks of before left 7 of 8 ranks idle on a

@@ -1,6 +1,8 @@
 """bench/gpu_plan.py's parameter counts against the published model sizes, and its verdicts on
 cases whose answer is plain (a 7B engine cannot hold its weights in 0.4 x 24 GB)."""
+import glob
 import os
+import re
 import sys
 
 import pytest
@@ -42,3 +44,50 @@ def test_the_plan_counts_the_straggler_and_the_evaluation_by_todays_rules():
     paper = [(p, 32 if p < 100 else 4) for p in gpu_plan.PAPER_SIZES.values()]
     assert sum(gpu_plan.eval_waves(p, n, 8, "now") for p, n in paper) == 10
     assert sum(gpu_plan.eval_waves(p, n, 8, "before") for p, n in paper) == 28
+
+
+def plan_figures(config, model, gpu, equal=0.4):
+    cfg = train.load_config(os.path.join(ROOT, config))
+    return gpu_plan.plan(cfg, gpu_plan.model_shapes(model), gpu, 8, 0.4, 0.6, cfg.max_new_tokens // 2,
+                         150, None, equal)
+
+
+def test_the_readmes_plan_table_is_what_gpu_plan_computes(capsys):
+    """README's memory and step-time table: each figure as bench/gpu_plan.py computes it for its
+    row (estimates; 40% of groups with equal rewards), so that an edit of the formulas or configs
+    shows here, not as a stale number."""
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    rows = [line for line in text.splitlines()
+            if re.match(r"\| (1\.5B|7B|Qwen3-4B), (H100|A100|RTX 4090)", line)]
+    assert len(rows) == 7, rows
+    models = {"1.5B": ("configs/math1.5b-tepo.yaml", "1.5b"), "7B": ("configs/math7b.yaml", "7b"),
+              "Qwen3-4B": ("configs/qwen3-4b.yaml", "qwen3-4b")}
+    gpus = {"H100": "h100", "A100": "a100", "RTX 4090": "4090"}
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        model, gpu = cells[0].split(", ")
+        want = plan_figures(*models[model], gpus[gpu.rsplit(" ", 2)[0]])
+        keys = ["rollout_gib", "update_gib", None, "rollout_s", "old_s", "update_s", "eval_s", "step_s"]
+        for key, cell in zip(keys, cells[1:]):
+            if key is None or cell == "–":
+                continue
+            value = float(cell.lstrip("~"))
+            tol = 0.5 if cell.startswith("~") else 0.05   # "~13": whole seconds
+            assert abs(value - want[key]) <= tol, (row, key, want[key])
+    # "First hour on 8 GPUs" quotes the 1.5B H100 row for its ten-step run
+    first = text.split("## First hour on 8 GPUs", 1)[1].split("\n## ", 1)[0]
+    h100 = plan_figures("configs/math1.5b-tepo.yaml", "1.5b", "h100")
+    quoted = (f"{h100['rollout_gib']:.1f} GiB per GPU while sampling, {h100['update_gib']:.1f} GiB in the "
+              f"update, ~{h100['step_s']:.0f} s a step (rollout {h100['rollout_s']:.1f} s, old pass "
+              f"{h100['old_s']:.1f} s, update {h100['update_s']:.1f} s)")
+    assert quoted in " ".join(first.split()), quoted
+    capsys.readouterr()
+
+
+def test_the_configs_comments_quote_no_estimate():
+    """Memory and step times are gpu_plan's to compute (the README's table, checked above): a
+    config's comment that quoted them went stale (math7b.yaml said ~66 s a step on H100, ~166 s on
+    A100, against gpu_plan's 54.5 and 128.2)."""
+    for path in glob.glob(os.path.join(ROOT, "configs", "*.yaml")):
+        comments = " ".join(line.split("#", 1)[1] for line in open(path) if "#" in line)
+        assert not re.search(r"\d\s*(s|GiB|min|h)\b", comments), (path, re.findall(r"[^.]*\d\s*(?:s|GiB|min|h)\b", comments))

@@ -24,3 +24,20 @@ def test_plot_writes_a_png(tmp_path):
 def test_plot_names_a_missing_metrics_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         plot.read_metrics(str(tmp_path))
+
+
+def test_reward_and_accuracy_both_show_when_equal(tmp_path):
+    """On a 1-right/0-wrong reward (the demo) the two curves are equal: drawn alike, the accuracy
+    line hid the reward line. They differ in style, so both show."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "reward/mean": 0.1 * s, "reward/accuracy": 0.1 * s} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot.main([str(run), "--out", str(tmp_path / "c.png")])
+    reward, accuracy = plt.gcf().axes[0].get_lines()
+    assert list(reward.get_ydata()) == list(accuracy.get_ydata())
+    assert (reward.get_linestyle(), reward.get_linewidth()) != (accuracy.get_linestyle(),
+                                                                accuracy.get_linewidth())
+    plt.close("all")

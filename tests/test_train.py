@@ -59,6 +59,32 @@ def test_train_functions_take_at_most_five_positional_parameters():
     assert over == []
 
 
+def test_the_held_out_line_says_step_accuracy_interval_and_n():
+    """One line per held-out evaluation (train.evaluate prints it on rank 0): 3 of 4 problems right
+    at one sample each -> 75.0%, and Student's t (3 df: 3.182) times the standard error over the
+    problems, sqrt(((3 * 0.25^2 + 0.75^2) / 3) / 4) = 0.25 -> ± 79.5 points."""
+    assert train.held_out_line(10, [1.0, 0.0, 1.0, 1.0], 1) == \
+        "step 10: held-out accuracy 75.0% ± 79.5 (95%, 4 problems x 1 sample)"
+    # two samples per problem: the problem's share; all equal -> no spread
+    assert train.held_out_line(0, [0.5, 0.5], 2) == \
+        "step 0: held-out accuracy 50.0% ± 0.0 (95%, 2 problems x 2 samples)"
+    assert train.held_out_line(3, [1.0], 4) == "step 3: held-out accuracy 100.0% (1 problem x 4 samples)"
+
+
+def test_a_misspelled_key_is_named_with_the_closest_valid_one(tmp_path):
+    """A typo gets "did you mean": the closest valid key (difflib), one per unknown key when there
+    are several; a name close to none gets no guess."""
+    ok = write_yaml(tmp_path, {"model": "m", "train_data": "d.jsonl"})
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['eval_evry'\] \(did you mean 'eval_every'\?\); valid"):
+        train.load_config(ok, ["eval_evry=5"])
+    with pytest.raises(ValueError, match=r"\(did you mean 'lr' for 'lrr', 'seed' for 'seeed'\?\)"):
+        train.load_config(ok, ["lrr=1", "seeed=2"])
+    with pytest.raises(ValueError, match=r"unknown loss key\(s\) \['clip_hgh'\] \(did you mean 'clip_high'\?\)"):
+        train.load_config(ok, ["loss.clip_hgh=0.3"])
+    with pytest.raises(ValueError, match=r"\['zzz'\]; valid keys"):
+        train.load_config(ok, ["zzz=1"])
+
+
 def test_lr_schedule():
     cfg = train.Config(model="m", train_data="d", lr=1.0, warmup_steps=2, steps=12,
                        lr_schedule="cosine", min_lr_ratio=0.1)

@@ -80,6 +80,10 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
         assert f"--resume: dropped 1 torn line(s) of {out_b}/{name}" in res.stdout, res.stdout[-2000:]
 
     ma, mb = metrics(out_a), metrics(out_b)
+    # each held-out evaluation printed as a line (rank 0, once): the step's, with its interval and n
+    line = f"step 4: held-out accuracy {100 * mb[4]['eval/accuracy']:.1f}% "
+    assert res.stdout.count(line) == 1 and "x 1 sample)" in res.stdout.split(line)[1].splitlines()[0], \
+        res.stdout[-2000:]
     samples = [[json.loads(ln) for ln in open(os.path.join(out, "samples.jsonl"))] for out in (out_a, out_b)]
     assert not any("stale" in r for r in samples[1])
     # samples every 2 steps: after steps 2 and 4, as evaluation and checkpoints, and so labelled
