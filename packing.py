@@ -16,7 +16,6 @@ Not here: what a sequence's loss is (tepo.py), nor when each phase runs (train.p
 """
 import functools
 import heapq
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
@@ -275,7 +274,6 @@ def dummy_forward(model, *, backward, layout, rows):
 # ----------------------------------------------------------------------------- attention
 
 
-@dataclass
 class PackedRow:
     """How one packed row (1, T) is laid out, as its attention needs it (collate makes it; the model
     call passes it to every layer as `packed_row`, and activation checkpointing's recompute too).
@@ -285,17 +283,37 @@ class PackedRow:
     response packed after it and no token sees another sequence. `pos` (T,): each position's place
     in its sequence (a response goes on from its prompt's length): the model's position ids, and
     what a sliding window measures.
+
+    Its masks are built once per row, on first use (`block_mask`, `segment_masks`), and kept on the
+    row for every later layer and the recompute. Not a dataclass, so that every layer gets this very
+    object: FSDP2's mixed precision casts each sharded module's inputs with
+    torch.distributed.utils._apply_to_tensors, which rebuilds a dataclass (dataclasses.replace, each
+    field copied, a dict into a new dict) and passes any other object as it is. A dataclass row gave
+    each layer, and each layer's recompute, a copy with an empty cache: under bf16 the masks were
+    built in every layer, and again in the recompute.
     """
-    segments: list
-    pos: torch.Tensor
-    _masks: dict = field(default_factory=dict)  # sliding window -> BlockMask (flex), built once
+    __slots__ = ("segments", "pos", "_masks")
+
+    def __init__(self, segments, pos):
+        self.segments, self.pos = segments, pos
+        self._masks = {}  # (kernel, sliding window) -> the masks
 
     def block_mask(self, window=None):
-        """The row's FlexAttention BlockMask (1, 1, T, T), for a sliding `window` or none: built
-        once per row from the segments, kept for every later layer and the recompute."""
-        if window not in self._masks:
-            self._masks[window] = segment_block_mask(self.segments, self.pos, window)
-        return self._masks[window]
+        """The row's FlexAttention BlockMask (1, 1, T, T), for a sliding `window` or none
+        (segment_block_mask, with its host syncs: once per row)."""
+        if ("flex", window) not in self._masks:
+            self._masks["flex", window] = segment_block_mask(self.segments, self.pos, window)
+        return self._masks["flex", window]
+
+    def segment_masks(self, window=None):
+        """Each segment's SDPA mask, for a sliding `window` or none (causal_mask): without a window
+        a CausalBias (no tensor); under a window shorter than its keys a (q, k) bool tensor. Kept
+        through the row's forward and backward: one layer's set, which the layer computing held
+        anyway while it was rebuilt per layer."""
+        if ("sdpa", window) not in self._masks:
+            self._masks["sdpa", window] = [causal_mask(e - s, e - s + pe - ps, window, self.pos.device)
+                                           for s, e, ps, pe in self.segments]
+        return self._masks["sdpa", window]
 
 
 def row_intervals(segments, pos, window=None):
@@ -384,17 +402,26 @@ def window_mask(q_len, k_len, window, device):
     return (j <= i) & (j > i - window)
 
 
+def causal_mask(q_len, k_len, window, device):
+    """The SDPA mask of q_len queries at the end of k_len keys (a KV cache or a prompt before them),
+    causal and within a sliding `window` (None: none): a (q_len, k_len) bool when the window is
+    shorter than the keys, else a CausalBias (no tensor), or None for one query."""
+    from torch.nn.attention.bias import causal_lower_right
+    if window is not None and k_len > window:
+        return window_mask(q_len, k_len, window, device)
+    return causal_lower_right(q_len, k_len) if q_len > 1 else None
+
+
+def sdpa(query, key, value, mask, scaling):
+    """SDPA of query (b, H, q, D) over key and value (b, KVH, k, D) under `mask` -> (b, H, q, D)."""
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                                            scale=scaling, enable_gqa=True)
+
+
 def causal_attention(query, key, value, scaling, window):
     """SDPA, causal with the queries at the end of the keys (a KV cache before them, or none), and
     within a sliding `window` (None: none). query (b, H, q, D), key and value (b, KVH, k, D)."""
-    from torch.nn.attention.bias import causal_lower_right
-    q, k = query.shape[2], key.shape[2]
-    if window is not None and k > window:
-        mask = window_mask(q, k, window, query.device)
-    else:
-        mask = causal_lower_right(q, k) if q > 1 else None
-    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                                            scale=scaling, enable_gqa=True)
+    return sdpa(query, key, value, causal_mask(query.shape[2], key.shape[2], window, query.device), scaling)
 
 
 def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -407,7 +434,9 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
     Two kernels for a packed row, the same numbers: "sdpa", one SDPA call per segment (a response's
     keys are its prompt's and its own, concatenated), exact and memory-light on any device; "flex",
     one FlexAttention call over the whole row with the row's BlockMask (compiled: the fused GPU
-    kernel). `sliding_window` (a layer's, as transformers passes it) is kept by both."""
+    kernel). `sliding_window` (a layer's, as transformers passes it) is kept by both. Either's
+    masks are the row's, built in the first layer and reused by the others and the recompute
+    (PackedRow.segment_masks, PackedRow.block_mask)."""
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         raise NotImplementedError("packed attention has no logit softcapping or attention sinks")
     if packed_row is None:
@@ -417,12 +446,12 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         out = flex(query, key, value, packed_row.block_mask(sliding_window), scaling)
         return out.transpose(1, 2).contiguous(), None
     out = []
-    for s, e, ps, pe in packed_row.segments:
+    for (s, e, ps, pe), mask in zip(packed_row.segments, packed_row.segment_masks(sliding_window)):
         k, v = key[:, :, s:e], value[:, :, s:e]
         if pe:  # a response: its prompt's keys, then its own
             k = torch.cat([key[:, :, ps:pe], k], dim=2)
             v = torch.cat([value[:, :, ps:pe], v], dim=2)
-        out.append(causal_attention(query[:, :, s:e], k, v, scaling, sliding_window))
+        out.append(sdpa(query[:, :, s:e], k, v, mask, scaling))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 

@@ -1,5 +1,10 @@
 """packing.deal: every sequence stays in its mini-batch, and each phase's forwards are shared evenly
 over the ranks, also when most groups are out of the loss (equal rewards, A = 0)."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +13,7 @@ import packing
 import tepo
 from train import Sequence
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORLD, PROMPTS, G, K = 8, 16, 8, 4
 
 
@@ -194,3 +200,79 @@ def test_a_model_whose_attention_cannot_be_packed_is_refused_at_start():
                                            num_key_value_heads=1, head_dim=32))
     with pytest.raises(UserError, match="attn_logit_softcapping.*micro_batch_layout: grouped"):
         packing.use_packed_attention(model, "sdpa")
+
+
+BUILDS_SCRIPT = r'''
+import json, os, shutil, sys
+import torch
+sys.path.insert(0, ROOT)
+from types import SimpleNamespace
+import config, packing, policy, ranks, tepo
+from demo import make_tiny_model
+torch.set_num_threads(1)
+calls = {"segment_block_mask": 0, "window_mask": 0}
+for name in calls:
+    def counted(*a, real=getattr(packing, name), name=name, **k):
+        calls[name] += 1
+        return real(*a, **k)
+    setattr(packing, name, counted)
+
+def dense_flex(query, key, value, block_mask, scale):
+    """flex's numbers without its kernel (torch has no flex backward on the CPU): the BlockMask's
+    own rule, dense."""
+    i = torch.arange(query.shape[2])
+    allowed = block_mask.mask_mod(0, 0, i[:, None], i[None])
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed,
+                                                            scale=scale, enable_gqa=True)
+packing.flex = dense_flex
+ranks.setup_distributed()
+out = sys.argv[1]
+plain = make_tiny_model(os.path.join(out, "plain"), layers=4)
+windowed = shutil.copytree(plain, os.path.join(out, "windowed"))
+with open(os.path.join(windowed, "config.json")) as f:
+    hf_config = json.load(f)
+hf_config.update(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0,
+              layer_types=["sliding_attention"] * 4)
+with open(os.path.join(windowed, "config.json"), "w") as f:
+    json.dump(hf_config, f)
+counts = {}
+for name, path, kernel in (("flex", plain, "flex"), ("flex, windowed", windowed, "flex"),
+                           ("sdpa, windowed", windowed, "sdpa")):
+    policy.packed_kernel = lambda cfg, device: kernel
+    cfg = config.Config(model=path, train_data="x", train_dtype=DTYPE, activation_checkpointing=True)
+    model = policy.load_policy(path, cfg, torch.device("cpu"))
+    for key in calls:
+        calls[key] = 0
+    for mb in ROWS:
+        seqs = [SimpleNamespace(gid=(0, g), prompt=[3] * p, resp=[4] * r, adv=1.0) for g, p, r in mb]
+        logp, _ = tepo.response_logprobs(model, packing.collate(seqs, torch.device("cpu")), 1.0, False)
+        logp.sum().backward()
+    counts[name] = dict(calls)
+print("COUNTS", json.dumps(counts), flush=True)
+ranks.end_distributed()
+'''
+
+WINDOW = 6
+ROWS = [[(0, 5, 3), (0, 5, 9)], [(1, 8, 2), (1, 8, 1)]]  # two rows: (group, prompt length, response length)
+
+
+@pytest.mark.slow
+def test_a_rows_masks_are_built_once_under_fsdp_mixed_precision(tmp_path):
+    """The GPU's setting, on the CPU: FSDP2 casting each layer's inputs to bf16 (load_policy's
+    MixedPrecisionPolicy), activation checkpointing on, a 4-layer Qwen2, a forward and backward of
+    two packed rows. Each row's masks are built once, for every layer and the recompute: one
+    BlockMask per row (flex), and (sdpa, all layers windowed) one window mask per segment whose keys
+    pass the window. (A row rebuilt by the cast built them in every layer, again in the recompute.)
+    ~12 s: a process of its own (its process group, 3 models)."""
+    script = tmp_path / "builds.py"
+    script.write_text(f"ROOT = {ROOT!r}\nDTYPE = 'bfloat16'\nWINDOW = {WINDOW}\nROWS = {ROWS!r}\n" + BUILDS_SCRIPT)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and "COUNTS" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
+    counts = json.loads(run.stdout.split("COUNTS", 1)[1])
+    # Per row: a prompt's keys are its own, a response's its prompt's and its own.
+    windowed = sum(p > WINDOW for mb in ROWS for p in {g: p for g, p, _ in mb}.values()) + \
+        sum(p + r > WINDOW for mb in ROWS for _, p, r in mb)
+    assert counts["flex"]["segment_block_mask"] == len(ROWS), counts
+    assert counts["flex, windowed"]["segment_block_mask"] == len(ROWS), counts
+    assert counts["sdpa, windowed"]["window_mask"] == windowed, counts
