@@ -125,20 +125,44 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
                            max_num_seqs=max_num_seqs, **vllm_kwargs))
 
 
+# The keys a config.json gives its number of routed experts under: vLLM's own list
+# (ModelArchConfigConvertor.get_num_experts); every MoE config of transformers 5.19 uses one of them.
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def expert_count(config):
+    """The most routed experts any part of a model has, from its config.json (a dict): 0 for a
+    dense model. Every sub-config counts (text_config, a thinker's, DBRX's ffn_config, per-layer
+    block_configs); a count its config switches off (is_moe or enable_moe_block false: Doge,
+    Gemma 4 without its MoE block) does not."""
+    if isinstance(config, list):
+        return max((expert_count(c) for c in config), default=0)
+    if not isinstance(config, dict):
+        return 0
+    own = []
+    if config.get("is_moe") is not False and config.get("enable_moe_block") is not False:
+        for key in EXPERT_COUNTS:
+            value = config.get(key)
+            own += [n for n in (value if isinstance(value, list) else [value])
+                    if isinstance(n, int) and not isinstance(n, bool)]
+    return max(own + [expert_count(v) for v in config.values() if isinstance(v, (dict, list))] + [0])
+
+
 def cannot_sync(model_path, backend="vllm"):
     """Why this engine could not receive a trained model's weights here (train.py's weight sync),
     or None. vLLM's CPU build repacks a mixture of experts' weights after loading, as it does the
     linear layers that _keep_plain_cpu_weights below restores: load_weights then leaves the
     experts stale (seen: a tiny Qwen3-MoE scored 0.24 nats off the trainer after a sync). Sampling
-    alone (eval.py) is right."""
+    alone (eval.py) is right. A mixture of experts: any part of the model with an expert count
+    above 0 (expert_count; vLLM's ModelConfig.is_moe reads the text config's alone)."""
     if backend != "vllm" or torch.cuda.is_available():
         return None
     with open(os.path.join(model_path, "config.json")) as f:
         config = json.load(f)
-    config = config.get("text_config", config)
-    experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    experts = expert_count(config)
     if experts > 0:
-        return (f"model_type {config.get('model_type')} is a mixture of experts ({experts}), whose weights "
+        model_type = config.get("text_config", config).get("model_type")
+        return (f"model_type {model_type} is a mixture of experts ({experts}), whose weights "
                 f"vLLM's CPU build cannot take in place: a weight sync would leave the experts stale")
     return None
 

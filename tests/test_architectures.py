@@ -106,3 +106,72 @@ def test_a_mixture_of_experts_stops_training_at_start_on_the_cpu(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stderr[-2000:]
     assert "model_type qwen3_moe is a mixture of experts" in run.stderr.strip().splitlines()[-1]
+
+
+def configs_naming_experts():
+    """The model types of the installed transformers whose configuration module speaks of experts
+    (MoE configs, and dense ones that can be switched to a MoE), read from the source: none built."""
+    import transformers.models
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+    root = os.path.dirname(transformers.models.__file__)
+    found = []
+    for model_type in CONFIG_MAPPING_NAMES:
+        module = model_type_to_module_name(model_type)
+        source = os.path.join(root, module, f"configuration_{module}.py")
+        if os.path.exists(source):
+            with open(source) as f:
+                if "expert" in f.read():
+                    found.append(model_type)
+    return sorted(found)
+
+
+def counts_experts(config):
+    """Whether a config.json (a dict) gives any part of the model experts: a number above 0 under
+    any key naming experts (routed, shared, per token, ...), at any depth."""
+    if isinstance(config, list):
+        return any(counts_experts(c) for c in config)
+    return isinstance(config, dict) and any(
+        ("expert" in str(k) and isinstance(v, int) and not isinstance(v, bool) and v > 0) or counts_experts(v)
+        for k, v in config.items())
+
+
+DENSE = ("qwen2", "qwen3", "llama", "gemma3_text", "mistral", "phi3", "olmo2")
+# Composite configs whose text part is another type's config by default (DeepSeek V3's, Nemotron-H's),
+# which a scan of their own module does not see.
+COMPOSITE = ("kimi_k25", "nemotron_h_omni")
+# A config whose defaults carry an expert count for a block they do not build.
+SWITCHED_OFF = {"doge": "is_moe: false"}
+
+
+@pytest.mark.parametrize("model_type", configs_naming_experts() + list(COMPOSITE + DENSE))
+def test_every_mixture_of_experts_transformers_ships_is_refused_on_the_cpu(tmp_path, model_type):
+    """Each config class of the installed transformers that names experts, built with its defaults
+    and saved as a checkpoint's config.json: refused for the CPU's weight sync exactly when it gives
+    the model experts (DeepSeek's n_routed_experts, DBRX's ffn_config.moe_num_experts, ERNIE's
+    moe_num_experts, a thinker's text_config...); a dense one (Qwen2, Llama, Gemma 3, Gemma 4 without
+    its MoE block) is not."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers has no {model_type}")
+    try:
+        config = CONFIG_MAPPING[model_type]()
+    except Exception as e:  # a config that cannot be built from its defaults alone
+        pytest.skip(f"{model_type} has no default config: {type(e).__name__}")
+    config.save_pretrained(str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        moe = counts_experts(json.load(f)) and model_type not in SWITCHED_OFF
+    why = rollout.cannot_sync(str(tmp_path))
+    assert (why is not None) == moe, (model_type, why)
+    if moe:
+        assert why.endswith("vLLM's CPU build cannot take in place: a weight sync would leave the experts stale")
+
+
+@pytest.mark.parametrize("model_type, switch", [
+    ("doge", dict(is_moe=True)),
+    ("gemma4_text", dict(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64))])
+def test_a_config_switched_to_its_mixture_of_experts_is_refused(tmp_path, model_type, switch):
+    """Doge and Gemma 4 carry an expert count their defaults do not build (above: not refused);
+    switched on, they are a mixture of experts."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    CONFIG_MAPPING[model_type](**switch).save_pretrained(str(tmp_path))
+    assert f"model_type {model_type} is a mixture of experts" in rollout.cannot_sync(str(tmp_path))
