@@ -53,6 +53,8 @@ class Config:
     format_reward: float = 0.0           # reward of a wrong answer that is boxed (reward.py), < 1
     no_answer_penalty: float = 0.0       # minus this for a response with no final answer
     wrong_reward: float | None = None    # added to a wrong answer's reward; null: -1 for dapo (its +1/-1 scale), else 0
+    failed_reward: float | None = None   # a failed grading call's reward before wrong_reward and the overlong penalty; null: a
+                                         # built-in grader's lowest, min(format_reward, -no_answer_penalty); required for one's own
     dynamic_sampling: bool | None = None  # DAPO: drop groups all right or all wrong; null: on for dapo
     max_sampling_tries: int = 3          # dynamic sampling: batches drawn per step at most
     overlong_buffer: int | None = None   # DAPO overlong shaping; null: max_new_tokens//4 for dapo
@@ -93,6 +95,12 @@ class Config:
                 reward.make_grader(self.reward)
             except ValueError as e:
                 raise UserError(f"config: {e}") from None
+            if self.failed_reward is None:  # its lowest reward is its own: a failure must not pay more
+                raise UserError(f"config: reward {self.reward} needs failed_reward, the reward of a call "
+                                f"that fails (raises or times out): set it to that function's lowest reward, "
+                                f"so that no response pays more by making it fail")
+        if self.failed_reward is None:
+            self.failed_reward = min(self.format_reward, -self.no_answer_penalty)
         for name, allowed in (("backend", ("vllm", "hf")),
                               ("train_dtype", ("auto", "float32", "bfloat16")),
                               ("dtype", ("auto", "float32", "bfloat16", "float16")),
@@ -238,6 +246,8 @@ def run_values(values):
     for name, value in method_defaults(out["method"], out["max_new_tokens"]).items():
         if out[name] is None:
             out[name] = value
+    if out["failed_reward"] is None:  # as Config fills it (a run from before the key: its value then)
+        out["failed_reward"] = min(out["format_reward"], -out["no_answer_penalty"])
     names = {f.name for f in dataclasses.fields(tepo.LossConfig)} - {"method"}
     written = {k: v for k, v in (out.pop("loss") or {}).items() if k in names}
     try:

@@ -349,14 +349,15 @@ def shape(cfg, r, n):
 
 def guarded_reward(cfg, grader, sample, answer, *, failed, prompt=""):
     """shaped_reward(), except that a call that raises, runs over cfg.reward_timeout seconds or loses
-    math-verify's second opinion is counted (reward.guarded) and scored as a wrong answer: the lower
-    of a wrong answer's two rewards (format_reward boxed, -no_answer_penalty without an answer), then
-    wrong_reward and the overlong penalty of its length. So no response pays more by making the
-    grader fail than by being wrong (a failure scored 0 did: above DAPO's -1 and its penalty)."""
+    math-verify's second opinion is counted (reward.guarded) and scored as a wrong answer: the
+    grader's lowest reward (cfg.failed_reward: a built-in grader's is the lower of format_reward and
+    -no_answer_penalty; a reward of one's own says its own), then wrong_reward and the overlong
+    penalty of its length. So no response pays more by making the grader fail than by being wrong
+    (a failure scored 0 did: above DAPO's -1 and its penalty)."""
     out = reward.guarded(cfg.reward_timeout, lambda: shaped_reward(cfg, grader, sample, answer, prompt),
                          sample.text, failed)
     if out is None:
-        return shape(cfg, min(cfg.format_reward, -cfg.no_answer_penalty), len(sample.response_ids))
+        return shape(cfg, cfg.failed_reward, len(sample.response_ids))
     return out
 
 

@@ -18,3 +18,13 @@ def one_argument(response):
 
 
 NOT_A_FUNCTION = 3
+
+
+def plus_minus_one(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
+    """+1 right, -1 wrong (below the built-in graders' lowest, 0); it stalls on "STALL", so that a
+    test can make it time out."""
+    if "STALL" in response:
+        import time
+        time.sleep(5)
+    import reward
+    return 1.0 if reward.grade(response, gold, second_opinion=False)[1] else -1.0

@@ -16,7 +16,7 @@ SPEC = "tests.custom_rewards:has_seven"
 
 
 def test_the_config_names_a_reward_of_ones_own():
-    cfg = train.load_config(None, BASE + [f"reward={SPEC}"])
+    cfg = train.load_config(None, BASE + [f"reward={SPEC}", "failed_reward=0"])
     grader = reward.make_grader(cfg.reward)
     assert grader("a 7 here", "1") == 1.0 and grader("none", "1", format_reward=0.25) == 0.25
 
@@ -50,7 +50,7 @@ def test_eval_takes_it_and_refuses_a_bad_one(tmp_path, capsys):
 
 def test_it_is_guarded_and_its_failures_counted():
     """A raise of the function is a failed reward call, counted, as a built-in grader's."""
-    cfg = train.Config(model="m", train_data="d", reward=SPEC)
+    cfg = train.Config(model="m", train_data="d", reward=SPEC, failed_reward=0.0)
     grader, failed = reward.make_grader(cfg.reward), {"errors": 0, "timeouts": 0}
     sample = types.SimpleNamespace(text="7 #", response_ids=[1, 2])
     assert train.guarded_reward(cfg, grader, sample, "7", failed=failed) == (0.0, False)
@@ -66,8 +66,8 @@ def test_two_steps_of_training_with_it(tmp_path, tiny_model_dir):
     evals = tmp_path / "eval.jsonl"
     evals.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
                              for i in range(16)))
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "own", steps=2, reward=SPEC, max_reward_errors=1.0,
-                         eval_data=str(evals))
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "own", steps=2, reward=SPEC, failed_reward=0.0,
+                         max_reward_errors=1.0, eval_data=str(evals))
     run(cfg, nproc=2, patch=())
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -77,3 +77,20 @@ def test_two_steps_of_training_with_it(tmp_path, tiny_model_dir):
                            for s in samples)
     assert sum(r["reward/mean"] for r in rows[1:]) > 0 and sum(r["reward/errors"] for r in rows[1:]) > 0
     assert any(r.get("eval/accuracy", 0) > 0 for r in rows)
+
+
+def test_a_failure_of_ones_own_reward_pays_no_more_than_its_wrong_answer():
+    """A function of one's own may score a wrong answer below the built-in graders' floor (-1 here):
+    its config must say its lowest reward (failed_reward), which a failed call then gets, so that
+    stalling the grader never pays more than a wrong answer. Without it the config is refused."""
+    with pytest.raises(UserError, match="needs failed_reward") as e:
+        train.load_config(None, BASE + ["reward=tests.custom_rewards:plus_minus_one"])
+    assert "\n" not in str(e.value)
+    cfg = train.Config(model="m", train_data="d", reward="tests.custom_rewards:plus_minus_one",
+                       failed_reward=-1.0, reward_timeout=0.3)
+    grader, failed = reward.make_grader(cfg.reward), {"errors": 0, "timeouts": 0}
+    wrong = train.guarded_reward(cfg, grader, types.SimpleNamespace(text="\\boxed{8}", response_ids=[1]), "7",
+                                 failed=failed)
+    stalled = train.guarded_reward(cfg, grader, types.SimpleNamespace(text="STALL \\boxed{8}", response_ids=[1]),
+                                   "7", failed=failed)
+    assert wrong == (-1.0, False) and stalled == (-1.0, False) and failed["timeouts"] == 1
