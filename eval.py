@@ -220,10 +220,14 @@ def context_length(ckpt):
 
 class OneLineErrors(argparse.ArgumentParser):
     """argparse with errors of one line, `eval.py: error: ...` (exit code 2): argparse printed the
-    9-line usage before each, which `eval.py -h` shows."""
+    9-line usage before each, which `eval.py -h` shows. Under torchrun the line is printed once and
+    ends torchrun's report (ranks.report_error), as train.py's errors are."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        if "TORCHELASTIC_RUN_ID" not in os.environ:
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        ranks.report_error(f"{self.prog}: error: {message}")
+        os._exit(2)  # as ranks.run_main: peers may be gone, and shutdown hooks would wait on them
 
 
 def parse_args(argv=None):

@@ -612,6 +612,24 @@ def test_cli_errors_are_one_line_and_a_missing_data_dir_names_the_fetch(fake_ckp
     assert err.count("\n") == 1 and "checkpoint not found" in err
 
 
+@pytest.mark.slow
+def test_an_error_under_torchrun_is_one_line_once(fake_ckpt, tmp_path):
+    """Under torchrun every rank fails alike: the line is printed once (not once per rank, and not
+    before argparse's exit left torchrun's report without it), and ends torchrun's report as its
+    root cause (ranks.report_error)."""
+    ckpt, _ = fake_ckpt
+    (tmp_path / "empty").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TEPO_DATA_DIR"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          os.path.join(root, "eval.py"), "--ckpt", ckpt], cwd=tmp_path / "empty", env=env,
+                         capture_output=True, text=True, timeout=300)
+    line = "eval.py: error: no benchmarks: --data-dir data does not exist"
+    lines = (out.stdout + out.stderr).splitlines()
+    assert out.returncode != 0 and sum(x.startswith(line) for x in lines) == 1, out.stderr[-3000:]
+    assert [x for x in lines if "traceback :" in x][-1].split("traceback : ")[1].startswith(line)
+
+
 def test_every_rank_samples_every_benchmark_within_one_problem():
     """Problems are dealt round-robin: all covered once, and each rank's share within one problem
     of the others', on any number of ranks (the chunks of before left 7 of 8 ranks idle on a
