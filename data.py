@@ -12,6 +12,9 @@ from config import UserError
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
+PROMPT_DATE = "26 Jul 2024"  # the date Llama 3.1's template writes when none is given
+
+
 def build_prompt(tokenizer, problem, template=None):
     """The prompt text for one problem.
 
@@ -23,7 +26,10 @@ def build_prompt(tokenizer, problem, template=None):
         return template.replace("{problem}", problem)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": f"{problem}\n{INSTRUCTION}"}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # date_string: Llama 3's templates write a date into the system prompt, today's unless given
+        # one, which would make a prompt (its ids, eval.py's protocol) depend on the day it is built
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             date_string=PROMPT_DATE)
     return f"{problem}\n{INSTRUCTION}\n"
 
 

@@ -161,7 +161,7 @@ def cannot_sync(model_path, backend="vllm"):
         config = json.load(f)
     experts = expert_count(config)
     if experts > 0:
-        model_type = config.get("text_config", config).get("model_type")
+        model_type = (config.get("text_config") or config).get("model_type")
         return (f"model_type {model_type} is a mixture of experts ({experts}), whose weights "
                 f"vLLM's CPU build cannot take in place: a weight sync would leave the experts stale")
     return None

@@ -42,7 +42,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="measured steps")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--set", action="append", default=[], help="extra train.py overrides")
+    ap.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                    help="extra train.py overrides (several pairs, or the flag repeated)")
     ap.add_argument("--reward", choices=("math", "toy"), default="math",
                     help="math: reward.py (all 0 on a random model); toy: '7' in the response")
     args = ap.parse_args()

@@ -166,6 +166,12 @@ def test_every_mixture_of_experts_transformers_ships_is_refused_on_the_cpu(tmp_p
         assert why.endswith("vLLM's CPU build cannot take in place: a weight sync would leave the experts stale")
 
 
+def test_a_mixture_of_experts_with_a_null_text_config_is_refused_in_one_line(tmp_path):
+    """A config.json with "text_config": null names its own model_type (it raised AttributeError)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "x", "text_config": None, "num_experts": 4}))
+    assert rollout.cannot_sync(str(tmp_path)).startswith("model_type x is a mixture of experts (4)")
+
+
 @pytest.mark.parametrize("model_type, switch", [
     ("doge", dict(is_moe=True)),
     ("gemma4_text", dict(enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64))])

@@ -57,6 +57,18 @@ def test_a_prompt_has_the_special_tokens_its_template_writes_once():
     assert BOS_ID not in ids and ids == tok(text, add_special_tokens=False)["input_ids"]
 
 
+def test_a_template_that_writes_the_date_gives_one_prompt_whenever_it_is_built():
+    """Llama 3.2's template writes today's date (strftime_now) into the system prompt unless given a
+    date_string: a prompt, its ids and eval.py's protocol digest would depend on the day (here, the
+    microsecond) it is built. build_prompt gives the template a fixed date."""
+    dated = CHAT.replace("{{ bos_token }}", "{{ bos_token }}{% if date_string is not defined %}"
+                         "{% set date_string = strftime_now('%d %b %Y %H:%M:%S.%f') %}{% endif %}"
+                         "Today: {{ date_string }}\n")
+    tok = bos_tokenizer(chat_template=dated)
+    first = data.encode_prompt(tok, "1+1?")
+    assert data.encode_prompt(tok, "1+1?") == first and f"Today: {data.PROMPT_DATE}" in first[0]
+
+
 def test_qwens_prompt_is_as_before():
     """Qwen's tokenizer adds nothing and its template writes no BOS: the ids of before."""
     from qwen_math import TOKENIZER_DIR, need_shared
