@@ -803,7 +803,8 @@ def _math_verify_grader():
     papers that used it. Imported only when chosen (it pulls in antlr4 and latex2sympy2: a second
     of start-up). Its extraction is TRL's accuracy_reward's (boxed first, no match without an
     anchor); its parse and verify timeouts use signal.alarm, which works only in the main thread,
-    so they are turned off elsewhere (then nothing bounds its time: sympy.simplify)."""
+    so they are turned off elsewhere (then nothing bounds its time: sympy.simplify), and under
+    guarded()'s timer, which bounds the call instead."""
     try:
         from math_verify import LatexExtractionConfig, parse as mv_parse, verify as mv_verify
         from latex2sympy2_extended import NormalizationConfig
@@ -816,7 +817,11 @@ def _math_verify_grader():
         boxed_match_priority=0, try_extract_without_anchor=False)]
 
     def timeout():
-        return 5 if threading.current_thread() is threading.main_thread() else None
+        # math-verify's timeout is signal.alarm, the timer guarded() runs on: its alarm(0) at the end
+        # would cancel guarded's deadline (a call then ran unbounded and was never counted). Under
+        # guarded's timer, that timer bounds the call; off the main thread nothing can.
+        main = threading.current_thread() is threading.main_thread()
+        return 5 if main and signal.getitimer(signal.ITIMER_REAL)[0] == 0 else None
 
     def parse_gold(gold):
         return mv_parse(_delimited(gold), parsing_timeout=timeout())

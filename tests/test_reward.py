@@ -614,6 +614,16 @@ def test_second_opinion_is_bounded_and_its_failures_counted(monkeypatch):
     assert out["replaced"] and out["after"] is True
 
 
+def test_the_math_verify_grader_keeps_guardeds_deadline():
+    """math-verify's own timeout is signal.alarm, whose alarm(0) cancelled guarded()'s timer: the
+    call after it ran past reward_timeout and was not counted. Under guarded it is bounded."""
+    grade_mv, failed = reward.make_grader("math_verify"), {"errors": 0, "timeouts": 0}
+    t0 = time.perf_counter()
+    out = reward.guarded(0.5, lambda: (grade_mv("so \\boxed{8}", "7"), time.sleep(3))[0], "so \\boxed{8}", failed)
+    assert out is None and time.perf_counter() - t0 < 2.5 and failed["timeouts"] == 1
+    assert grade_mv("so \\boxed{7}", "7") == 1.0  # alone: its own 5 s timeout, as before
+
+
 def test_second_opinion_in_threads():
     """Each thread has its own worker: threads grading at once get each their own verdicts."""
     results = {}
