@@ -37,6 +37,12 @@ from train import Sequence  # noqa: E402
 
 VOCAB = 151936
 MiB = 2 ** 20
+# A rank's CPU seconds per MiB it receives, and the rule's per sequence (both ways run it), as
+# this script measured them at the paper's shape on a 2-core Xeon (2026-11-25): before 0.336 s
+# for 18.8 MiB, now 0.032 s for 2.27 MiB, the rule 0.005 s for 1,024 sequences (at 8x the batch
+# 0.023 and 0.018 s per MiB, 5.6e-6 s per sequence). gpu_plan's deal line (traffic x these).
+SECONDS_PER_MIB = {"before": 0.018, "now": 0.014}
+RULE_SECONDS_PER_SEQUENCE = 5e-6
 
 
 def step_batch(ranks, prompts, group, resp_len, max_new, equal, prompt_len=150, minibatches=4, seed=0):
@@ -95,6 +101,18 @@ def now(per_rank):
     return {"bytes": max(received), "seconds": max(seconds), "deal": dealing, "result": got}
 
 
+def traffic(per_rank):
+    """The busiest rank's bytes received in one step, {"before": ..., "now": ...}, as before() and
+    now() count them, without timing anything (gpu_plan's)."""
+    W = len(per_rank)
+    sizes = [packing.sizes_of(mine) for mine in per_rank]
+    dealt = packing.deal(packing.placeholders(sizes), W)
+    sent = [packing.parcels(per_rank[r], dealt, r) for r in range(W)]
+    gathered = W * max(len(pickle.dumps(x)) for x in sizes)
+    return {"before": W * max(len(pickle.dumps(mine)) for mine in per_rank),
+            "now": max(gathered + sum(len(sent[src][r]) for src in range(W)) for r in range(W))}
+
+
 def same_result(got, per_rank):
     """Whether each rank's mini-batches (`got`) are those the gather of before deals it, sequence
     by sequence in order (compared by their values: token ids, advantage, log-probs)."""
@@ -144,7 +162,9 @@ def main():
         print(f"  before  received {old['bytes'] / MiB:7.2f} MiB, pickling + unpickling {old['seconds']:.3f} s")
         print(f"  now     received {new['bytes'] / MiB:7.2f} MiB, pickling + unpickling {new['seconds']:.3f} s; "
               f"the same mini-batches on every rank: {m['same']}")
-        print(f"  the deal's rule (both) {min(old['deal'], new['deal']):.3f} s")
+        rule = min(old['deal'], new['deal'])
+        print(f"  the deal's rule (both) {rule:.3f} s; per MiB received: before {old['seconds'] / old['bytes'] * MiB:.4f} s, "
+              f"now {new['seconds'] / new['bytes'] * MiB:.4f} s; the rule per sequence {rule / batch['sequences']:.1e} s")
 
 
 if __name__ == "__main__":
