@@ -8,7 +8,8 @@ the per-token (R,) values old_logp, old_entropy, ref_logp, rollout_logp, cov_sel
   collate            a micro-batch -> the tensors of tepo.response_logprobs (one packed row)
   balance_ranks      each mini-batch's sequences dealt over the ranks, so that every phase of
                      the step (the update, the old and reference passes) costs each rank about
-                     the same (deal: the rule)
+                     the same (deal: the rule, on every rank's sizes; exchange: each sequence
+                     sent once, to its rank)
   lockstep_forwards  the forwards of a rank's micro-batches, as many calls on every rank
   packed_attention   attention over a packed row (PackedRow), one SDPA call per sequence or one
                      FlexAttention call per layer (use_packed_attention)
@@ -16,6 +17,9 @@ Not here: what a sequence's loss is (tepo.py), nor when each phase runs (train.p
 """
 import functools
 import heapq
+import io
+import pickle
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -157,20 +161,107 @@ def balance_ranks(minibatches, *, full_batch_metrics=True):
     every normalisation is by global counts, and mini-batch k still holds the same sequences over
     all ranks. `full_batch_metrics` (the config key): whether the old pass forwards the sequences
     out of the loss too. The rule: deal.
+
+    Only what the rule reads goes to every rank (sizes_of: a few numbers per sequence); each
+    sequence then moves once, to the rank it is dealt to (exchange). Gathering the sequences
+    themselves on every rank cost each rank the whole batch's unpickling every step
+    (bench/bench_deal.py).
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     if world == 1:
         return minibatches
     everyone = [None] * world
-    dist.all_gather_object(everyone, minibatches)
-    dealt = deal([[s for part in everyone for s in part[k]] for k in range(len(minibatches))], world,
-                 full_batch_metrics=full_batch_metrics)
-    return dealt[rank]
+    dist.all_gather_object(everyone, sizes_of(minibatches))
+    dealt = deal(placeholders(everyone), world, full_batch_metrics=full_batch_metrics)
+    return exchange(minibatches, dealt, rank)
+
+
+@dataclass(eq=False)
+class Placeholder:
+    """A sequence as deal sees it: its group, its prompt's and response's lengths (ranges: deal
+    reads only their len), whether it is in the loss; and where the sequence is, `at` = (the rank
+    that holds it, its mini-batch, its index there)."""
+    gid: tuple
+    prompt: range
+    resp: range
+    in_loss: bool
+    at: tuple
+
+
+def sizes_of(minibatches):
+    """What deal reads of this rank's sequences: [[(gid, prompt length, response length, in_loss)
+    for each sequence] for each mini-batch]."""
+    return [[(s.gid, len(s.prompt), len(s.resp), s.in_loss) for s in mb] for mb in minibatches]
+
+
+def placeholders(everyone):
+    """Every rank's sizes_of -> the global mini-batches of Placeholders, in the order deal takes
+    them: mini-batch k is rank 0's k-th list, then rank 1's, and so on."""
+    return [[Placeholder(gid, range(p), range(n), in_loss, (r, k, i))
+             for r, mine in enumerate(everyone) for i, (gid, p, n, in_loss) in enumerate(mine[k])]
+            for k in range(len(everyone[0]))]
+
+
+def exchange(minibatches, dealt, rank):
+    """Send each of this rank's sequences to the rank deal gives it to, and receive this rank's
+    from the others: one all-to-all of their sizes, one of the bytes (CPU tensors: the group's gloo
+    backend, on GPUs too, ranks.process_group_backend). A collective. -> this rank's mini-batches"""
+    out = parcels(minibatches, dealt, rank)
+    sizes = torch.tensor([len(b) for b in out], dtype=torch.int64)
+    their = torch.empty_like(sizes)
+    dist.all_to_all_single(their, sizes)
+    data = b"".join(out)
+    send = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    recv = torch.empty(int(their.sum()), dtype=torch.uint8)
+    dist.all_to_all_single(recv, send, output_split_sizes=their.tolist(), input_split_sizes=sizes.tolist())
+    ends = their.cumsum(0).tolist()
+    received = [recv[e - n:e].numpy().tobytes() for e, n in zip(ends, their.tolist())]
+    return unpack(minibatches, dealt, rank, received)
+
+
+def parcels(minibatches, dealt, rank):
+    """What this rank sends: for each rank r, its sequences dealt to r, pickled as a list in deal's
+    order (mini-batch by mini-batch), b"" for itself and where it sends none. -> [bytes]"""
+    out = []
+    for r, mine in enumerate(dealt):
+        seqs = [minibatches[k][i] for part in mine for p in part for src, k, i in [p.at] if src == rank]
+        out.append(pickled(seqs) if seqs and r != rank else b"")
+    return out
+
+
+def unpack(minibatches, dealt, rank, received):
+    """This rank's mini-batches from deal's placeholders for it: its own sequences where they are,
+    the others' from `received` (the bytes each rank sent it, parcels' order). -> [[Sequence]]"""
+    arrived = [iter(pickle.loads(b) if b else ()) for b in received]
+    return [[minibatches[k][i] if src == rank else next(arrived[src]) for p in part for src, k, i in [p.at]]
+            for part in dealt[rank]]
+
+
+ARRAY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+                torch.int8, torch.uint8, torch.bool)
+
+
+class _ArrayPickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if (type(obj) is torch.Tensor and obj.device.type == "cpu" and obj.layout == torch.strided
+                and not obj.requires_grad and obj.dtype in ARRAY_DTYPES):
+            return torch.from_numpy, (obj.numpy(),)
+        return NotImplemented
+
+
+def pickled(obj):
+    """pickle.dumps, with each CPU tensor as a numpy array (dtypes numpy has): a sequence's
+    (R,) log-probs pickle and unpickle in a third of the seconds of torch's own way (a torch.save
+    per tensor), and come back as equal tensors. pickle.loads reads it. -> bytes"""
+    buf = io.BytesIO()
+    _ArrayPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 def deal(minibatches, world, *, full_batch_metrics=True):
     """balance_ranks' rule: [the sequences of mini-batch k, every rank's] -> [[the sequences of
-    mini-batch k dealt to rank r] for each rank r], the same on every rank.
+    mini-batch k dealt to rank r] for each rank r], the same on every rank. It reads a sequence's
+    gid, in_loss and the lengths of its prompt and resp only (balance_ranks deals Placeholders).
 
     Each phase is balanced by what it forwards (train.py: old_logprobs, update_policy):
       1. the update, mini-batch by mini-batch (an optimizer step each, so each one waits for its

@@ -9,17 +9,18 @@ import packing
 from config import UserError
 
 
-def load_model(path, packed_kernel=None):
+def load_model(path, packed_kernel=None, config=None):
     """An HF causal LM in fp32 with every dropout off, set in the config before the model is built;
     attending with packing.packed_attention by `packed_kernel` ("sdpa" or "flex") for packed
-    micro-batches, or (None) with the model's own attention (the grouped layout).
+    micro-batches, or (None) with the model's own attention (the grouped layout). `config`: a
+    transformers config to build it with instead of path's own (bench/gpu_check's cut-down copy).
 
     The policy ratio compares two forward passes, which must agree exactly at theta = theta_old.
     Built modules copy their dropout rate from the config at construction (Qwen2's attention
     reads `attention_dropout` once), so zeroing the config afterwards would change nothing.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.from_pretrained(path)
+    config = config or AutoConfig.from_pretrained(path)
     for c in {id(c): c for c in (config, config.get_text_config())}.values():
         for key, value in vars(c).items():
             if ("dropout" in key or "pdrop" in key) and isinstance(value, float):

@@ -20,9 +20,15 @@ minutes:
   4. weight sync   the engine asleep, one optimizer step of the trainer (lr 1e-4, so the policy
                    moves), the engine woken and sent the weights (as train.py's sync_weights):
                    the mismatch of fresh samples after the sync, against the mismatch before it
---cpu: the same four, on a tiny random Qwen2 model (demo.make_tiny_model), fp32, the "sdpa"
-kernel for the trainer (the flex kernel's forward is checked as well in 2: torch's flex_attention
-has no backward on the CPU), vLLM's CPU build: tests/test_gpu_check.py runs it, so it cannot rot.
+  5. gradients     one forward and backward of a packed row (3 prompts x 4 responses) through the
+                   model cut to two layers, the first within a sliding window (where the
+                   architecture has one), under the flex kernel against sdpa: the worst relative
+                   difference of a parameter's gradient, in fp32 and in bf16 (against bf16's own
+                   rounding there: sdpa in bf16 against sdpa in fp32)
+--cpu: the same five, on a tiny random Qwen2 model (demo.make_tiny_model), fp32, the "sdpa"
+kernel for the trainer (the flex kernel's forward is checked as well in 2; torch's flex_attention
+has no backward on the CPU, so 5 checks sdpa against each sequence alone through the eager
+attention), vLLM's CPU build: tests/test_gpu_check.py runs it, so it cannot rot.
 """
 import argparse
 import json
@@ -51,7 +57,16 @@ from train import Sequence  # noqa: E402
 
 # Tolerances: (CPU fp32, GPU). fp32 on either device leaves only float noise; bf16 a few 1e-3 per
 # token (README: 4.9e-3 sampler/trainer at step 0 in bf16), a broken path ~0.1 to 10.
-TOL = {"fp32_max": 1e-3, "bf16_mean": 2e-2, "mismatch": (1e-4, 2e-2), "sync_ratio": 3.0}
+TOL = {"fp32_max": 1e-3, "bf16_mean": 2e-2, "mismatch": (1e-4, 2e-2), "sync_ratio": 3.0,
+       "grad_fp32": 1e-3, "grad_bf16": 3.0}
+# The gradients' (kernel_gradients): the worst relative difference over the parameters, measured
+# on the CPU form's row (3 prompts x 4 responses, a window of 12). fp32: sdpa against the eager
+# attention 8.2e-7 (float noise); 1e-3 as the log-probs'. bf16: each kernel in bf16 is 1.4e-2 to
+# 1.5e-2 from itself in fp32 (bf16's own rounding, "noise"), and sdpa is 1.4e-2 from eager, both
+# in bf16 (0.9 x the noise): two kernels each one noise from the exact gradient differ by up to 2
+# noises, so 3 x the noise measured on the same row (on a GPU, of sdpa: its size on real weights
+# and long rows is not known beforehand) is that with a margin. A backward that drops the window
+# is 1.1 off (72 x the noise), one whose window is one position too wide 0.42 (28 x).
 
 
 def report(results, name, value, ok, note=""):
@@ -94,19 +109,19 @@ def rl_step(config, results):
            f"with start-up), reward {last['reward/mean']:.3f}", finite and last["step"] == 1)
 
 
-def sequences(tokenizer, n, max_resp, seed=0):
+def sequences(tokenizer, n, max_resp, seed=0, per_prompt=2):
     """n Sequences: real prompts (the demo's problems through the template), random responses of
-    1..max_resp tokens, two per prompt."""
+    1..max_resp tokens, `per_prompt` per prompt, advantages +1 and -1 in turn."""
     g = torch.Generator().manual_seed(seed)
-    rows, _ = generate_rows(n // 2, seed=seed)
+    rows, _ = generate_rows(n // per_prompt, seed=seed)
     vocab = min(len(tokenizer), 30000)
     out = []
     for k, row in enumerate(rows):
         prompt = encode_prompt(tokenizer, row["problem"], DEMO_TEMPLATE)[1]
-        for _ in range(2):
+        for _ in range(per_prompt):
             R = int(torch.randint(1, max_resp + 1, (1,), generator=g))
             out.append(Sequence((0, k), prompt, torch.randint(3, vocab, (R,), generator=g).tolist(),
-                                1.0, True, torch.zeros(R)))
+                                (-1.0) ** len(out), True, torch.zeros(R)))
     return out
 
 
@@ -160,6 +175,118 @@ def packed_equals_own(args, config, model_dir, device, results):
                               own_logprobs(model_dir, seqs, device, torch.bfloat16))
         report(results, "packed = own (bf16)", f"mean |d| {mean:.2e} per token", mean <= TOL["bf16_mean"])
         del model
+
+
+def windowed_config(model_dir, window, layers=2):
+    """`model_dir`'s transformers config cut to its first `layers` layers, which attend in turn
+    within a sliding `window` and over everything (the first sliding), where the architecture
+    reads a window (Qwen2 and Qwen3 through use_sliding_window, Gemma 3, Mistral; Llama has none):
+    the packed row's hardest case, on the model's own weights. -> config"""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_dir)
+    text = config.get_text_config()
+    text.num_hidden_layers = min(layers, text.num_hidden_layers)
+    text.layer_types = [("sliding_attention", "full_attention")[i % 2] for i in range(text.num_hidden_layers)]
+    text.sliding_window = window
+    text.use_sliding_window = True
+    return config
+
+
+def keeps_window(config):
+    """Whether a model built from `config` has a layer attending within a sliding window (its
+    architecture reads the setting). Built on the meta device: no memory, no weights."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return any(getattr(m, "sliding_window", None) for m in model.modules())
+
+
+def gradients(model_dir, config, seqs, kernel, dtype, device, checkpointing=False):
+    """{parameter name: gradient (fp32, on the CPU)} of one forward and backward of `seqs` through
+    the model `config` builds from `model_dir`'s weights, in `dtype` (weights and compute: what
+    FSDP2's bf16 MixedPrecisionPolicy computes with, on one rank), for the policy-gradient loss
+    -sum_i A_i sum_t logp[i, t] / (response tokens). `kernel`: "sdpa" or "flex", the sequences
+    packed into one row (packing.collate, as train.py forwards them); "eager", each sequence alone
+    through transformers' own eager attention (the reference: nothing packed)."""
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the layers cut off are "weights not used", as meant
+    try:
+        model = policy.load_model(model_dir, kernel if kernel in packing.KERNELS else None, config)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if kernel == "eager":
+        model.set_attn_implementation("eager")
+    model.to(device=device, dtype=dtype).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tokens = sum(len(s.resp) for s in seqs)
+    if kernel in packing.KERNELS:
+        batch = packing.collate(seqs, device)
+        logp, _ = tepo.response_logprobs(model, batch, 1.0, False)
+        (-(batch["adv"][:, None] * logp * batch["mask"]).sum() / tokens).backward()
+    else:
+        for s in seqs:
+            ids = torch.tensor([s.prompt + s.resp], device=device)
+            logits = model(input_ids=ids, use_cache=False).logits[:, len(s.prompt) - 1:-1]
+            logp, _ = tepo.token_logprobs_entropy(logits, torch.tensor([s.resp], device=device), 1.0, False)
+            (-s.adv * logp.sum() / tokens).backward()
+    return {n: p.grad.float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def gradient_difference(a, b):
+    """The worst relative difference of two gradients over the parameters, max over p of
+    |a_p - b_p| / |b_p| (L2 norms), and that parameter's name: a leak, a wrong mask or a wrong
+    window in one layer shows in that layer's tensors whatever the rest does. -> (value, name)"""
+    if a.keys() != b.keys():
+        raise ValueError(f"the gradients are of different parameters: {sorted(a.keys() ^ b.keys())}")
+    worst = {n: ((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-30)).item() for n in b}
+    name = max(worst, key=worst.get)
+    return worst[name], name
+
+
+def compare_kernels(model_dir, config, seqs, kernel, reference, device, checkpointing=False):
+    """The gradients of `kernel` against `reference`'s (gradients, gradient_difference) on the same
+    sequences and weights: in fp32, and in bf16 beside bf16's own rounding (`reference` in bf16
+    against itself in fp32). -> {"fp32": (difference, parameter), "bf16": ..., "bf16 noise": ...}"""
+    grads = {(k, d): gradients(model_dir, config, seqs, k, d, device, checkpointing)
+             for k in (kernel, reference) for d in (torch.float32, torch.bfloat16)}
+    return {"fp32": gradient_difference(grads[kernel, torch.float32], grads[reference, torch.float32]),
+            "bf16": gradient_difference(grads[kernel, torch.bfloat16], grads[reference, torch.bfloat16]),
+            "bf16 noise": gradient_difference(grads[reference, torch.bfloat16],
+                                              grads[reference, torch.float32])}
+
+
+def gradients_agree(differences):
+    """PASS rule of compare_kernels' differences -> {"fp32": bool, "bf16": bool}. fp32: within
+    TOL["grad_fp32"]; bf16: within TOL["grad_bf16"] times bf16's own noise on that row."""
+    return {"fp32": differences["fp32"][0] <= TOL["grad_fp32"],
+            "bf16": differences["bf16"][0] <= TOL["grad_bf16"] * differences["bf16 noise"][0]}
+
+
+def kernel_gradients(args, config, model_dir, device, results):
+    """5. The packed kernel's gradients against another's: on a GPU flex (the default kernel, whose
+    backward runs nowhere else) against sdpa; on the CPU (no flex backward there) sdpa against
+    each sequence alone through the eager attention. One packed row of several prompts with
+    several responses each, through the model cut to two layers, one of them sliding."""
+    cfg = load_config(config)
+    kernel, reference = ("sdpa", "eager") if args.cpu else ("flex", "sdpa")
+    window = 12 if args.cpu else 200
+    seqs = sequences(load_tokenizer(model_dir), 12, 48 if args.cpu else 600, seed=3, per_prompt=4)
+    windowed = windowed_config(model_dir, window)
+    differences = compare_kernels(model_dir, windowed, seqs, kernel, reference, device,
+                                  cfg.activation_checkpointing)
+    ok = gradients_agree(differences)
+    slides = keeps_window(windowed)
+    shape = (f"{len(seqs) // 4} prompts x 4 responses, {sum(len(s.resp) for s in seqs)} response "
+             f"tokens, window {window if slides else 'none (the architecture has none)'}")
+    value, name = differences["fp32"]
+    report(results, f"grads {kernel} = {reference} (fp32)", f"worst {value:.2e} ({name})", ok["fp32"],
+           shape)
+    value, name = differences["bf16"]
+    noise = differences["bf16 noise"][0]
+    report(results, f"grads {kernel} = {reference} (bf16)", f"worst {value:.2e} ({name})", ok["bf16"],
+           f"bf16's own: {reference} bf16 vs fp32 {noise:.2e}, tolerance {TOL['grad_bf16']:g} x that")
 
 
 def mismatch(engine_samples, trainer_lps):
@@ -234,7 +361,7 @@ def main():
         rl_step(config, results)
         # Checks 2-4 in this process: one rank's process group, as train.py's.
         rank, world, device = ranks.setup_distributed()
-        for check in (packed_equals_own, engine_and_sync):
+        for check in (packed_equals_own, engine_and_sync, kernel_gradients):
             try:
                 check(args, config, model_dir, device, results)
             except Exception as e:  # noqa: BLE001 - a check that crashes is a failed check, named

@@ -47,6 +47,12 @@ train.load_config). Assumptions (all per GPU = per rank; W = world size, N = par
   max_new_tokens steps (the longest response sets the wall clock), each reading the bf16 weights,
   plus the KV of every token of every sequence at every step, at --hbm-frac of HBM bandwidth; or
   compute-bound at --mfu if that is slower.
+- The deal (packing.balance_ranks): the bytes the busiest rank receives, counted on a simulated
+  step at the step's shape (prompts of the assumed mean, responses of mean --response-len, sd
+  0.25 x it) with train.Sequence objects as they are at that point (token ids, rollout
+  log-probs), by balance_ranks' own parts; CPU seconds to pickle and unpickle them at the rates
+  bench/bench_deal.py measured (per MiB received, on a 2-core Xeon). Each rank receives its
+  share of the sequences; before, all of them.
 - Evaluation: decode waves of up to 256 sequences (vLLM's max_num_seqs) on the busiest rank, each
   running to the response cap like the rollout's decode: the held-out set (eval_data's rows, else
   MATH-500's 500) at eval_n every eval_every steps, amortised per step; and eval.py --preset paper
@@ -161,6 +167,22 @@ def step_positions(cfg, W, prompt, resp, sd, equal, steps=40, seed=0):
                        ("before", sum(before))):
             acc[key] = acc.get(key, 0) + v / steps
     return acc
+
+
+_deal_traffic = {}
+
+
+def deal_cost(W, prompts, G, resp, max_new, equal, prompt):
+    """The deal's (balance_ranks') seconds and bytes on the busiest rank, before and now: the bytes
+    counted on a simulated step (bench_deal.traffic, once per shape), the seconds from them at
+    bench_deal's measured rates. -> {"before": (seconds, bytes), "now": (seconds, bytes)}"""
+    import bench_deal
+    key = (W, prompts, G, resp, max_new, equal, prompt)
+    if key not in _deal_traffic:
+        _deal_traffic[key] = bench_deal.traffic(bench_deal.step_batch(W, prompts, G, resp, max_new, equal, prompt))
+    rule = prompts * G * bench_deal.RULE_SECONDS_PER_SEQUENCE
+    return {way: (n / bench_deal.MiB * bench_deal.SECONDS_PER_MIB[way] + rule, n)
+            for way, n in _deal_traffic[key].items()}
 
 
 def eval_waves(problems, n, W, rule, max_num_seqs=256, seqs_per_call=1024):
@@ -289,7 +311,13 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
           f"positions)")
     print(f"  eval     {t_eval:7.1f} s  (held-out {held_out} problems x {cfg.eval_n} every {cfg.eval_every} "
           f"steps: {now} decode wave(s) of {wave:.1f} s on the busiest rank; before, rank 0 alone: {before})")
-    print(f"  total    {t_roll + t_old + t_upd + t_eval:7.1f} s/step (not modelled: weight sync, grading, "
+    deal = deal_cost(W, cfg.prompts_per_step, G, resp, cfg.max_new_tokens, equal, prompt)
+    t_deal = deal["now"][0]
+    print(f"  deal     {t_deal:7.2f} s  (balance_ranks on the busiest rank: {deal['now'][1] / 2**20:.1f} MiB "
+          f"received, its share of the sequences, pickled and unpickled; before, every sequence to every "
+          f"rank, {deal['before'][1] / 2**20:.1f} MiB and {deal['before'][0]:.2f} s; CPU seconds at "
+          f"bench_deal.py's rates)")
+    print(f"  total    {t_roll + t_old + t_upd + t_eval + t_deal:7.1f} s/step (not modelled: weight sync, grading, "
           f"vLLM's per-decode-step CPU overhead: +1 s per 0.33 ms/step over {steps} steps)")
     paper = {b: (size, 32 if size < 100 else 4) for b, size in PAPER_SIZES.items()}
     now, before = (sum(eval_waves(p, n, W, rule) for p, n in paper.values()) for rule in ("now", "before"))
@@ -298,7 +326,8 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
           f"~{before * wave / 60:.1f} min)")
     return {"rollout_gib": rollout_mem / GiB, "update_gib": update / GiB, "rollout_s": t_roll,
             "old_s": t_old, "update_s": t_upd, "eval_s": t_eval,
-            "step_s": t_roll + t_old + t_upd + t_eval, "paper_eval_min": now * wave / 60}
+            "deal_s": t_deal, "step_s": t_roll + t_old + t_upd + t_eval + t_deal,
+            "paper_eval_min": now * wave / 60}
 
 
 def count_rows(path):

@@ -1,5 +1,6 @@
 """bench/gpu_check.py, the first command on a GPU machine, in its CPU form: every check passes on a
-healthy tree, and a broken weight sync is caught."""
+healthy tree, a broken weight sync is caught, and the gradient comparison (check 5) passes the
+packed sdpa kernel against each sequence alone and fails a kernel whose backward is wrong."""
 import os
 import subprocess
 import sys
@@ -15,8 +16,8 @@ def test_gpu_check_passes_in_its_cpu_form():
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert [line.split()[0] for line in lines] == ["PASS"] * 5, run.stdout
-    assert "5 of 5 checks passed" in run.stdout
+    assert [line.split()[0] for line in lines] == ["PASS"] * 7, run.stdout
+    assert "7 of 7 checks passed" in run.stdout
 
 
 BROKEN_SYNC = r'''
@@ -46,3 +47,73 @@ def test_gpu_check_catches_a_weight_sync_that_does_not_arrive(tmp_path):
                          timeout=600)
     assert "RESULTS [True, False]" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
     assert "FAIL  weight sync" in run.stdout
+
+
+# ----------------------------------------------------------------------------- 5. the gradients
+
+
+@pytest.fixture
+def gpu_check_module():
+    """bench/gpu_check.py, imported, with one intra-op thread: the tiny model's forwards are too
+    small to share, and on a busy machine two threads contend (~20x slower)."""
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield gpu_check
+    torch.set_num_threads(threads)
+
+
+def packed_row_and_window(gpu_check, model_dir):
+    """The check's CPU case: 3 prompts x 4 responses of up to 48 tokens, the tiny model with its
+    first layer within a window of 12 positions (shorter than every prompt)."""
+    from data import load_tokenizer
+    seqs = gpu_check.sequences(load_tokenizer(model_dir), 12, 48, seed=3, per_prompt=4)
+    assert len({s.gid for s in seqs}) == 3 and min(len(s.prompt) for s in seqs) > 12
+    config = gpu_check.windowed_config(model_dir, 12)
+    assert gpu_check.keeps_window(config)
+    return seqs, config
+
+
+def test_the_gradient_check_passes_sdpa_against_itself_and_against_each_sequence_alone(
+        gpu_check_module, tiny_model_dir):
+    """The comparison of check 5 on what the CPU can run: the packed sdpa kernel's gradients equal
+    its own (exactly) and those of each sequence alone through transformers' eager attention (in
+    fp32 within float noise; in bf16 within the tolerance of bf16's own rounding)."""
+    import torch
+    gc = gpu_check_module
+    seqs, config = packed_row_and_window(gc, tiny_model_dir)
+    cpu = torch.device("cpu")
+    same = gc.compare_kernels(tiny_model_dir, config, seqs, "sdpa", "sdpa", cpu)
+    assert same["fp32"][0] == 0 and same["bf16"][0] == 0 and same["bf16 noise"][0] > 1e-3
+    d = gc.compare_kernels(tiny_model_dir, config, seqs, "sdpa", "eager", cpu)
+    assert d["fp32"][0] < 1e-5, d
+    assert gc.gradients_agree(d) == {"fp32": True, "bf16": True}, d
+
+
+def test_the_gradient_check_fails_a_kernel_whose_backward_drops_the_window(
+        gpu_check_module, tiny_model_dir, monkeypatch):
+    """A packed kernel whose forward is right (check 2 passes it) but whose backward is that of
+    attention without the sliding window fails check 5, in fp32 and in bf16."""
+    import torch
+    import packing
+    import tepo
+    gc = gpu_check_module
+    seqs, config = packed_row_and_window(gc, tiny_model_dir)
+    right = packing.packed_attention
+
+    def wrong_backward(module, query, key, value, mask, scaling=None, dropout=0.0, packed_row=None,
+                       sliding_window=None, kernel="sdpa", **kwargs):
+        out, _ = right(module, query, key, value, mask, scaling, dropout, packed_row, sliding_window, kernel)
+        no_window, _ = right(module, query, key, value, mask, scaling, dropout, packed_row, None, kernel)
+        return out.detach() + (no_window - no_window.detach()), None  # exactly out; the gradient without the window
+    cpu = torch.device("cpu")
+    batch = packing.collate(seqs, cpu)
+    with torch.no_grad():
+        want, _ = tepo.response_logprobs(gc.policy.load_model(tiny_model_dir, "sdpa", config), batch, 1.0, False)
+        monkeypatch.setattr(packing, "packed_attention", wrong_backward)
+        got, _ = tepo.response_logprobs(gc.policy.load_model(tiny_model_dir, "sdpa", config), batch, 1.0, False)
+    assert torch.equal(got, want)  # the forward is right
+    d = gc.compare_kernels(tiny_model_dir, config, seqs, "sdpa", "eager", cpu)
+    assert gc.gradients_agree(d) == {"fp32": False, "bf16": False}, d

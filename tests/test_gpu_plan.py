@@ -22,14 +22,25 @@ def test_parameter_counts_match_the_published_models(key, published):
     assert gpu_plan.params(gpu_plan.MODELS[key])[2] == published
 
 
-def test_verdicts(capsys):
+@pytest.fixture(scope="module")
+def paper_plan_on_h100():
+    """The plan of the paper's 1.5B config on 8 H100s, as printed (made once: a few seconds)."""
+    import contextlib
+    import io
+    cfg = train.load_config(os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        figures = gpu_plan.plan(cfg, gpu_plan.model_shapes("1.5b"), "h100", 8, 0.4, 0.6, 1536, 150)
+    return out.getvalue(), figures
+
+
+def test_verdicts(capsys, paper_plan_on_h100):
     cfg = train.load_config(os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
     gpu_plan.plan(cfg, gpu_plan.model_shapes("7b"), "4090", 8, 0.4, 0.6, 1536, 150)
     out = capsys.readouterr().out
     assert "ENGINE DOES NOT FIT" in out and "rollout: master + Adam + vLLM + ctx" in out
     assert "DOES NOT FIT (engine, above)" in out
-    gpu_plan.plan(cfg, gpu_plan.model_shapes("1.5b"), "h100", 8, 0.4, 0.6, 1536, 150)
-    out = capsys.readouterr().out
+    out, _ = paper_plan_on_h100
     assert "ENGINE DOES NOT FIT" not in out and "DOES NOT FIT" not in out
 
 
@@ -91,3 +102,16 @@ def test_the_configs_comments_quote_no_estimate():
     for path in glob.glob(os.path.join(ROOT, "configs", "*.yaml")):
         comments = " ".join(line.split("#", 1)[1] for line in open(path) if "#" in line)
         assert not re.search(r"\d\s*(s|GiB|min|h)\b", comments), (path, re.findall(r"[^.]*\d\s*(?:s|GiB|min|h)\b", comments))
+
+
+def test_the_step_counts_the_deal(paper_plan_on_h100):
+    """The step's total includes the deal's seconds (balance_ranks), and a rank receives its share
+    of the sequences, not all of them."""
+    out, figures = paper_plan_on_h100
+    parts = ("rollout_s", "old_s", "update_s", "eval_s", "deal_s")
+    assert figures["step_s"] == pytest.approx(sum(figures[k] for k in parts))
+    assert 0 < figures["deal_s"] < 0.01 * figures["step_s"]
+    secs = {m[0]: float(m[1]) for m in re.findall(r"^  (rollout|old pass|update|eval|deal|total) +([\d.]+) s", out, re.M)}
+    assert set(secs) == {"rollout", "old pass", "update", "eval", "deal", "total"}, out
+    mine, everything = map(float, re.search(r"deal .*?([\d.]+) MiB received.*?rank, ([\d.]+) MiB", out).groups())
+    assert 0 < mine < everything / 4

@@ -276,3 +276,119 @@ def test_a_rows_masks_are_built_once_under_fsdp_mixed_precision(tmp_path):
     assert counts["flex"]["segment_block_mask"] == len(ROWS), counts
     assert counts["flex, windowed"]["segment_block_mask"] == len(ROWS), counts
     assert counts["sdpa, windowed"]["window_mask"] == windowed, counts
+
+
+# ----------------------------------------------------------------------------- the deal's traffic
+
+
+def distinct(per_rank, seed=1):
+    """per_rank with every sequence told apart by its values (a response token of its own, random
+    rollout log-probs), so that a sequence in the wrong place or order shows."""
+    g = torch.Generator().manual_seed(seed)
+    n = 0
+    for mine in per_rank:
+        for mb in mine:
+            for s in mb:
+                s.resp = [3 + n] + s.resp[1:]
+                s.rollout_logp = -torch.rand(len(s.resp), generator=g)
+                n += 1
+    return per_rank
+
+
+def values(mbs):
+    return [[(s.gid, s.prompt, s.resp, s.adv, s.in_loss, s.rollout_logp.tolist()) for s in mb] for mb in mbs]
+
+
+@pytest.mark.parametrize("full_batch_metrics", [True, False])
+def test_balance_ranks_gives_each_rank_what_gathering_everything_gave_it(full_batch_metrics):
+    """balance_ranks' parts, over WORLD ranks simulated in one process (each rank's sizes gathered,
+    the placeholders dealt, each sequence sent in its parcel): every rank ends with the mini-batches,
+    sequence for sequence in the same order, that deal gives it over every rank's sequences
+    gathered (the way of before), and of its own sequences it keeps the very objects."""
+    import pickle
+    per_rank = distinct(sampled(0.4, seed=3))
+    want = packing.deal([[s for p in per_rank for s in p[k]] for k in range(K)], WORLD,
+                        full_batch_metrics=full_batch_metrics)
+    everyone = [pickle.loads(pickle.dumps(packing.sizes_of(mine))) for mine in per_rank]
+    dealt = packing.deal(packing.placeholders(everyone), WORLD, full_batch_metrics=full_batch_metrics)
+    sent = [packing.parcels(per_rank[r], dealt, r) for r in range(WORLD)]
+    moved = 0
+    for r in range(WORLD):
+        got = packing.unpack(per_rank[r], dealt, r, [sent[src][r] for src in range(WORLD)])
+        assert values(got) == values(want[r]), r
+        mine = {id(s) for mb in per_rank[r] for s in mb}
+        assert [[id(s) in mine for s in mb] for mb in got] == [[id(s) in mine for s in mb] for mb in want[r]]
+        moved += sum(id(s) not in mine for mb in got for s in mb)
+    assert moved > WORLD  # sequences did change ranks: the test can fail
+
+
+def test_pickled_tensors_come_back_equal():
+    """packing.pickled's tensors as arrays: the same dtype, shape and values, any strides; a
+    tensor numpy cannot hold (bf16) goes torch's own way."""
+    import pickle
+    for t in (torch.rand(5), torch.arange(6.).reshape(2, 3).t(), torch.tensor([True, False]),
+              torch.rand(3, dtype=torch.float64), torch.rand(4).to(torch.bfloat16), torch.zeros(0)):
+        back = pickle.loads(packing.pickled({"t": t}))["t"]
+        assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t), t
+
+
+TWO_RANKS = r'''
+import json, pickle, sys
+sys.path.insert(0, ROOT); sys.path.insert(0, ROOT + "/tests")
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+import packing
+from test_packing import distinct, values
+from train import Sequence
+rank = dist.get_rank()
+# Rank 0 sampled long responses and rank 1 short ones: the deal moves sequences both ways.
+g = torch.Generator().manual_seed(rank)
+seqs = []
+for k in range(6):
+    prompt = torch.randint(0, 150000, (40 + 30 * k,), generator=g).tolist()
+    for j in range(4):
+        n = int(torch.randint(1, 400 if rank == 0 else 60, (1,), generator=g))
+        seqs.append(Sequence((rank, k), prompt, [0] * n, (-1.0) ** j if k % 3 else 0.0, in_loss=k % 3 > 0,
+                             rollout_logp=None))
+mine = [seqs[:12], seqs[12:]]
+distinct([mine], seed=rank)
+everyone = [None] * 2
+dist.all_gather_object(everyone, mine)           # the way of before, the reference
+want = packing.deal([[s for part in everyone for s in part[k]] for k in range(2)], 2)[rank]
+received = []
+gather, a2a = dist.all_gather_object, dist.all_to_all_single
+def counting_gather(out, obj, *a, **kw):
+    gather(out, obj, *a, **kw)
+    received.append(sum(len(pickle.dumps(o)) for o in out))
+def counting_a2a(out, inp, *a, **kw):
+    a2a(out, inp, *a, **kw)
+    received.append(out.numel() * out.element_size())
+dist.all_gather_object, dist.all_to_all_single = counting_gather, counting_a2a
+got = packing.balance_ranks(mine)
+ids = {id(s) for mb in mine for s in mb}
+arrived = [s for mb in got for s in mb if id(s) not in ids]
+sys.stdout.write("RESULT " + json.dumps({"same": values(got) == values(want), "received": sum(received),
+                                         "arrived": len(packing.pickled(arrived)), "arrived_n": len(arrived),
+                                         "gathered": sum(len(packing.pickled(p)) for p in everyone)}) + "\n")
+sys.stdout.flush()
+dist.destroy_process_group()
+'''
+
+
+def test_balance_ranks_on_two_gloo_ranks_deals_as_before_and_moves_each_sequence_once(tmp_path):
+    """balance_ranks on two gloo ranks: each rank's mini-batches are those of gathering every
+    sequence on every rank and dealing them (the way of before), and the bytes a rank receives are
+    those of the sequences dealt to it from the other rank (plus the deal's sizes, a few bytes a
+    sequence), not the whole batch."""
+    import re
+    script = tmp_path / "two_ranks.py"
+    script.write_text(f"ROOT = {ROOT!r}\n" + TWO_RANKS)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    results = [json.loads(r) for r in re.findall(r"RESULT (\{[^}]*\})", run.stdout)]
+    assert len(results) == 2, run.stdout[-2000:] + run.stderr[-3000:]
+    assert all(r["same"] for r in results), results
+    assert all(r["arrived_n"] > 0 for r in results), results  # both ranks receive sequences
+    for r in results:
+        assert r["received"] <= r["arrived"] + 64 * 24 + 1024, r  # 24 sequences' sizes, a little framing
+        assert r["received"] < r["gathered"] / 2, r
