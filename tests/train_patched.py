@@ -20,6 +20,10 @@
   SHARE of the range, and sleeps 1000 s (a hang) on those in the next SHARE.
 --enospc-at-save K: the K-th checkpoint save of this process fails with "No space left on device".
 --corrupt-weight-at-step K: at the start of RL step K's update, one weight of the policy is NaN.
+--dump-old-logprobs DIR: every step appends one line to DIR/rank<RANK>.jsonl: this rank's sequences
+  as balance_ranks dealt them, each {"minibatch", "adv", "in_loss", "prompt", "resp", "old",
+  "rollout"} (the trainer's old log-probs and the sampler's), for a test to compare them token by
+  token with a reference or with the engine.
 Works under torchrun too; train.main runs under rollout.run_main, as `python train.py` does.
 """
 import dataclasses
@@ -136,4 +140,17 @@ if __name__ == "__main__":
                     (p.to_local() if hasattr(p, "to_local") else p).view(-1)[0] = float("nan")
             return real_lr(cfg, s)
         train.load_policy, train.lr_at = keep_policy, corrupting_lr
+    if "--dump-old-logprobs" in ours:
+        old_dir, real_old_metrics = ours[ours.index("--dump-old-logprobs") + 1], train.old_policy_metrics
+
+        def dumping_old_metrics(minibatches):  # called once per step, after the update
+            os.makedirs(old_dir, exist_ok=True)
+            with open(os.path.join(old_dir, f"rank{os.environ.get('RANK', '0')}.jsonl"), "a") as f:
+                f.write(json.dumps([{"minibatch": k, "adv": s.adv, "in_loss": s.in_loss, "prompt": s.prompt,
+                                     "resp": s.resp, "old": s.old_logp.tolist(),
+                                     "rollout": s.rollout_logp.tolist()}
+                                    for k, mb in enumerate(minibatches) for s in mb
+                                    if s.old_logp is not None]) + "\n")
+            return real_old_metrics(minibatches)
+        train.old_policy_metrics = dumping_old_metrics
     ranks.run_main(lambda: train.main(rest))
