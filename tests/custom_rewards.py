@@ -28,3 +28,11 @@ def plus_minus_one(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, 
         time.sleep(5)
     import reward
     return 1.0 if reward.grade(response, gold, second_opinion=False)[1] else -1.0
+
+
+def even_length(response, gold, *, format_reward=0.0, no_answer_penalty=0.0, rel_tol=1e-4):
+    """1.0 when the response has an even number of characters, else format_reward: about half of a
+    random model's responses, whatever its vocabulary, so its groups have reward spread and a
+    held-out accuracy near 50% tells one set of responses from another (the real grader gives a
+    random model 0 on both)."""
+    return 1.0 if len(response) % 2 == 0 else float(format_reward)

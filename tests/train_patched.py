@@ -20,6 +20,20 @@
   SHARE of the range, and sleeps 1000 s (a hang) on those in the next SHARE.
 --enospc-at-save K: the K-th checkpoint save of this process fails with "No space left on device".
 --corrupt-weight-at-step K: at the start of RL step K's update, one weight of the policy is NaN.
+--count-collectives DIR: every collective call of this process (torch.distributed's, and the
+  functional ones FSDP2's DTensors make) is counted by the phase of train.py it falls in (setup,
+  sample_and_grade, balance_ranks, old_logprobs, update_policy, ..., evaluate, save_or_stop; what
+  lies between them "between"): DIR/rank<RANK>.json, [{"phase", "calls": {function: count}}] in
+  call order, written when train.main returns. A collective inside another (a functional one
+  built on another) counts once.
+--dump-eval DIR: every held-out evaluation appends one line to DIR/rank<RANK>.jsonl: this rank's
+  problems as eval.sample_benchmark returns them, [{"index", "responses"}].
+--flat-reward-on-ranks R,R,...: on these ranks every training reward is 0.0 (their groups have
+  A = 0, out of the loss), the held-out evaluation's grading unchanged.
+--dump-old-logprobs DIR: every step appends one line to DIR/rank<RANK>.jsonl: this rank's sequences
+  as balance_ranks dealt them, each {"minibatch", "adv", "in_loss", "prompt", "resp", "old",
+  "rollout"} (the trainer's old log-probs and the sampler's), for a test to compare them token by
+  token with a reference or with the engine.
 Works under torchrun too; train.main runs under rollout.run_main, as `python train.py` does.
 """
 import dataclasses
@@ -35,6 +49,83 @@ import ranks  # noqa: E402
 import rollout  # noqa: E402
 import tepo  # noqa: E402
 import train  # noqa: E402
+
+# --count-collectives: torch.distributed's collectives (FSDP2 calls all_gather_single and
+# reduce_scatter_single: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), and train.py's
+# phases, which main calls by their module-level names.
+DIST_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
+                    "all_gather_single", "all_gather_coalesced", "all_reduce_coalesced", "reduce_scatter",
+                    "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "broadcast_object_list",
+                    "barrier", "monitored_barrier", "gather", "gather_object", "scatter",
+                    "scatter_object_list", "reduce", "all_to_all", "all_to_all_single", "send", "recv",
+                    "isend", "irecv", "batch_isend_irecv", "new_group", "new_subgroups")
+PHASES = ("setup", "evaluate", "sample_and_grade", "make_sequences", "balance_ranks", "old_logprobs",
+          "update_policy", "old_policy_metrics", "sync_weights", "save_or_stop")
+
+
+def count_collectives(out_dir):
+    """--count-collectives: wrap the collectives and train.py's phases (see the docstring)."""
+    import collections
+    import re
+    import threading
+
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    records, running, between, inside = [], [], [None], threading.local()
+
+    def count(name):
+        if not running and between[0] is None:  # outside every phase: a record of its own
+            between[0] = {"phase": "between", "calls": collections.Counter()}
+            records.append(between[0])
+        (running[-1] if running else between[0])["calls"][name] += 1
+
+    def counted(module, name):
+        real = getattr(module, name)
+
+        def wrapper(*a, **kw):
+            depth = getattr(inside, "depth", 0)
+            if depth == 0:
+                count(f"{module.__name__.rsplit('.', 1)[-1].lstrip('_')}.{name}")
+            inside.depth = depth + 1
+            try:
+                return real(*a, **kw)
+            finally:
+                inside.depth = depth
+        setattr(module, name, wrapper)
+
+    for name in DIST_COLLECTIVES:
+        if hasattr(dist, name):
+            counted(dist, name)
+    for name in dir(funcol):
+        if re.match(r"(all_|reduce_scatter|broadcast|permute)", name) and \
+                not name.endswith(("_backward", "_setup_context")) and callable(getattr(funcol, name)):
+            counted(funcol, name)
+
+    def phase(name):
+        real = getattr(train, name)
+
+        def wrapper(*a, **kw):
+            record = {"phase": name, "calls": collections.Counter()}
+            records.append(record)
+            running.append(record)
+            between[0] = None
+            try:
+                return real(*a, **kw)
+            finally:
+                running.pop()
+        setattr(train, name, wrapper)
+
+    for name in PHASES:
+        phase(name)
+    real_main = train.main
+
+    def main(argv):
+        real_main(argv)
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, f"rank{os.environ.get('RANK', '0')}.json"), "w") as f:
+            json.dump([{"phase": r["phase"], "calls": dict(r["calls"])} for r in records], f)
+    train.main = main
+
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
@@ -136,4 +227,34 @@ if __name__ == "__main__":
                     (p.to_local() if hasattr(p, "to_local") else p).view(-1)[0] = float("nan")
             return real_lr(cfg, s)
         train.load_policy, train.lr_at = keep_policy, corrupting_lr
+    if "--count-collectives" in ours:
+        count_collectives(ours[ours.index("--count-collectives") + 1])
+    if "--dump-eval" in ours:
+        import eval as ev
+        eval_dir, real_sample = ours[ours.index("--dump-eval") + 1], ev.sample_benchmark
+
+        def dumping_sample(*a, **kw):
+            records = real_sample(*a, **kw)
+            os.makedirs(eval_dir, exist_ok=True)
+            with open(os.path.join(eval_dir, f"rank{os.environ.get('RANK', '0')}.jsonl"), "a") as f:
+                f.write(json.dumps([{"index": r["index"], "responses": [x["response"] for x in r["samples"]]}
+                                    for r in records]) + "\n")
+            return records
+        ev.sample_benchmark = dumping_sample
+    if "--flat-reward-on-ranks" in ours:
+        if os.environ.get("RANK", "0") in ours[ours.index("--flat-reward-on-ranks") + 1].split(","):
+            train.shaped_reward = lambda *a, **kw: (0.0, False)
+    if "--dump-old-logprobs" in ours:
+        old_dir, real_old_metrics = ours[ours.index("--dump-old-logprobs") + 1], train.old_policy_metrics
+
+        def dumping_old_metrics(minibatches):  # called once per step, after the update
+            os.makedirs(old_dir, exist_ok=True)
+            with open(os.path.join(old_dir, f"rank{os.environ.get('RANK', '0')}.jsonl"), "a") as f:
+                f.write(json.dumps([{"minibatch": k, "adv": s.adv, "in_loss": s.in_loss, "prompt": s.prompt,
+                                     "resp": s.resp, "old": s.old_logp.tolist(),
+                                     "rollout": s.rollout_logp.tolist()}
+                                    for k, mb in enumerate(minibatches) for s in mb
+                                    if s.old_logp is not None]) + "\n")
+            return real_old_metrics(minibatches)
+        train.old_policy_metrics = dumping_old_metrics
     ranks.run_main(lambda: train.main(rest))
