@@ -12,6 +12,9 @@ sequence of a mini-batch's update; then step 2 again, resumed from the step-1 ch
     and accuracy of the same evaluation dealt over 1 and over 2 ranks (a straightforward
     reference here: eval.sample_benchmark on one engine, rank by rank);
   - the resumed step 2 is the uninterrupted one, every metric.
+Slow: two launches of 8 ranks on the machine's cores, ~450 s of CPU, most of it the ranks' start
+(imports and vLLM's engine, ~15-20 s of CPU a rank); 340-430 s of wall time measured on 2 cores
+shared with other jobs.
 """
 import json
 import os
