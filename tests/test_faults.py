@@ -448,7 +448,7 @@ def test_a_resume_with_another_config_stops_unless_allowed_then_records_the_chan
 # ----------------------------------------------------------------------------- rewards
 
 
-def test_a_reward_that_raises_or_hangs_gives_zero_and_is_counted(monkeypatch):
+def test_a_reward_that_raises_or_hangs_scores_a_wrong_answer_and_is_counted(monkeypatch):
     cfg = train.Config(model="m", train_data="d", reward_timeout=0.3)
     sample = types.SimpleNamespace(text="\\boxed{2}", response_ids=[1, 2])
     failed = {"errors": 0, "timeouts": 0}

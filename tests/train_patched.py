@@ -34,7 +34,7 @@
   as balance_ranks dealt them, each {"minibatch", "adv", "in_loss", "prompt", "resp", "old",
   "rollout"} (the trainer's old log-probs and the sampler's), for a test to compare them token by
   token with a reference or with the engine.
-Works under torchrun too; train.main runs under rollout.run_main, as `python train.py` does.
+Works under torchrun too; train.main runs under ranks.run_main, as `python train.py` does.
 """
 import dataclasses
 import json
