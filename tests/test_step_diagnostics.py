@@ -60,7 +60,8 @@ rows = [{"problem": f"p{i}", "prompt": f"p{i}", "prompt_ids": [i], "answer": "7"
 cfg = SimpleNamespace(eval_n=8, max_new_tokens=4, temperature=1.0, top_p=1.0, seed=0, reward_timeout=0.2,
                       eval_data="held_out.jsonl")
 grade = lambda text, answer: (text, text.endswith("\\boxed{" + answer + "}"))
-run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), judge=grade)
+run = SimpleNamespace(cfg=cfg, eval_rows=rows, rank=rank, world=2, engine=Engine(), judge=grade,
+                      state=SimpleNamespace(step=0))
 out["eval"] = train.evaluate(run)
 # A grader that raises on problem 3's responses (8 right ones, rank 1) and hangs on the first of
 # problem 134's (5 right ones, rank 0): those count as wrong, and the run goes on.
