@@ -910,7 +910,9 @@ def test_the_papers_numbers_are_not_shown_beside_a_modified_paper_protocol(setup
              "--max-new-tokens", "24", "--max-problems", "2", "--backend", "hf", "--out", str(out)])
     text = table.write_table([str(out)], str(tmp_path / "table.md"))
     assert "as reported by the TEPO paper" not in text, text
-    assert (f"Protocol: paper, modified by --data {setup['bench']}, --temperature 1.0, --max-new-tokens 24, "
+    rows = [json.loads(line) for line in open(setup["bench"])]
+    digest = ev.rows_digest(rows)[:12]  # the data is named by its rows, not by where it lies
+    assert (f"Protocol: paper, modified by --data fx (rows {digest}), --temperature 1.0, --max-new-tokens 24, "
             f"--max-problems 2; n = 32;") in text
 
 
