@@ -28,6 +28,12 @@ The pre-training solutions take an order uniformly and slip in 30% of the comput
 (CHAIN_SLIP_PROB), so the model both spreads over the orders, which RL can collapse, and slips.
 Measured with seed 0 (800 steps, 8 minutes on 2 idle cores): 89% greedy, 37% sampled at T=1 on
 500 held-out problems, pass@32 98% (32 samples, 128 problems); responses of 60-82 tokens with EOS.
+
+The shortcut task (`prepare --task shortcut`, the entropy study's) is a + b of 3-digit numbers,
+answered either at a glance ("347+251=598", each column added alone, never carrying: right only
+when no column carries) or worked in columns as the demo does, with slips. Most problems carry in
+no column (SHORTCUT_NO_CARRY), so a policy can gain accuracy by sharpening onto the glance and
+lose the problems that carry, whose one route it stops sampling.
 """
 import argparse
 import itertools
@@ -397,6 +403,102 @@ def write_chain_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, 
 
 
 # ----------------------------------------------------------------------------------------------
+# The shortcut task (the entropy study's): a + b, answered at a glance or worked in columns
+#
+# "Ann has 347 coins and finds 251 more. How many now?" can be answered at a glance,
+# "347+251=598\n\boxed{598}", or worked in columns as the demo does. The glance adds each column on
+# its own and never carries: it is right exactly when no column carries (347+251), and wrong
+# otherwise (347+258 at a glance is 595). Most problems do not carry (SHORTCUT_NO_CARRY), so the
+# glance pays on most of them, and the worked route, which the pre-training solutions write with
+# slips, pays less there. A policy that sharpens onto the glance gains accuracy and loses the
+# problems that carry, whose only route is the one it stops sampling: entropy collapse that costs
+# pass@k. The choice is the response's first token after "347+251" ("=" or a new line).
+
+# The share of problems with no carry in any column, in every split.
+SHORTCUT_NO_CARRY = 0.75
+# The share of pre-training solutions that take the glance, and of worked ones with one slip.
+SHORTCUT_GLANCE_PROB = 0.5
+SHORTCUT_SLIP_PROB = 0.4
+
+
+def carries(a, b):
+    """Whether a + b carries in any column."""
+    while a or b:
+        if a % 10 + b % 10 >= 10:
+            return True
+        a, b = a // 10, b // 10
+    return False
+
+
+def glance_sum(a, b):
+    """a + b added column by column without carrying (347+258 -> 595): the shortcut's answer."""
+    out, place = 0, 1
+    while a or b:
+        out += (a % 10 + b % 10) % 10 * place
+        a, b, place = a // 10, b // 10, place * 10
+    return out
+
+
+def glance_solution(a, b):
+    """The shortcut's solution: "a+b=s" and the boxed s, s = glance_sum(a, b)."""
+    s = glance_sum(a, b)
+    return f"{a}+{b}={s}\n\\boxed{{{s}}}"
+
+
+def generate_shortcut_rows(n, seed, *, digits=(3,), exclude=(), no_carry=SHORTCUT_NO_CARRY,
+                           glance_prob=0.0, slip_prob=0.0):
+    """`n` distinct a + b problems from `seed` (none of whose keys is in `exclude`), a share
+    `no_carry` of them carrying in no column; -> (rows {"problem", "answer", "solution"}, keys).
+    Each solution is the glance with probability `glance_prob`, else worked_solution with one slip
+    with probability `slip_prob`; both drawn from a stream of their own, so the problems drawn do
+    not depend on them."""
+    if not digits or min(digits) < 1:
+        raise ValueError(f"digits must be >= 1, got {digits!r}")
+    for name, p in (("no_carry", no_carry), ("glance_prob", glance_prob), ("slip_prob", slip_prob)):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {p!r}")
+    rng, sol_rng = random.Random(f"shortcut-{seed}"), random.Random(f"shortcut-solutions-{seed}")
+    seen, rows = set(exclude), []
+    for _ in range(100 * n):
+        if len(rows) == n:
+            break
+        want_carry = rng.random() >= no_carry
+        for _ in range(1000):  # redraw until the kind drawn
+            a, _, b = sample_operands(rng, "+", digits)
+            if carries(a, b) == want_carry:
+                break
+        else:
+            raise ValueError(f"could not draw a problem {'with' if want_carry else 'without'} "
+                             f"a carry with digits={digits}")
+        key = (min(a, b), "+", max(a, b))
+        if key in seen:
+            continue
+        seen.add(key)
+        row = make_row(a, "+", b, rng)
+        if sol_rng.random() < glance_prob:
+            row["solution"] = glance_solution(a, b)
+        elif sol_rng.random() < slip_prob:
+            slip = (sol_rng.randrange(len(str(max(a, b)))), sol_rng.choice((-1, 1)))
+            row["solution"] = worked_solution(a, "+", b, slip)
+        rows.append(row)
+    if len(rows) < n:
+        raise ValueError(f"could not draw {n} distinct shortcut problems with digits={digits}")
+    return rows, seen - set(exclude)
+
+
+def write_shortcut_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, digits=(3,),
+                        slip_prob=SHORTCUT_SLIP_PROB, glance_prob=SHORTCUT_GLANCE_PROB,
+                        no_carry=SHORTCUT_NO_CARRY):
+    """write_demo_data for the shortcut task: train.jsonl, test.jsonl and sft.jsonl (with
+    solutions), sharing no problem. Returns {split: rows}."""
+    return write_splits(out_dir, seed, {"test": n_test, "train": n_train, "sft": n_sft},
+                        lambda n, split_seed, exclude, slips: generate_shortcut_rows(
+                            n, split_seed, digits=digits, exclude=exclude, no_carry=no_carry,
+                            glance_prob=glance_prob if slips else 0.0,
+                            slip_prob=slip_prob if slips else 0.0))
+
+
+# ----------------------------------------------------------------------------------------------
 # Supervised pre-training on worked solutions
 
 def sft_batch(tokenizer, rows, template=DEMO_TEMPLATE):
@@ -538,19 +640,26 @@ def main():
     p = sub.add_parser("prepare", help="write the demo data, make the tiny model, pre-train it")
     p.add_argument("--out", default="runs/demo", help="writes OUT/data/*.jsonl and OUT/model/")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="pre-training steps (default: 600 demo, 800 chain)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="pre-training steps (default: 600 demo and shortcut, 800 chain)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--decay-frac", type=float, default=0.25, help="final linear lr decay share")
-    p.add_argument("--task", choices=["demo", "chain"], default="demo",
+    p.add_argument("--task", choices=["demo", "chain", "shortcut"], default="demo",
                    help="demo: a op b (the README's demo); chain: a op b op c in a free order "
-                        "(the loss study's, bench/study.py)")
+                        "(the loss study's, bench/study.py); shortcut: a + b at a glance or in "
+                        "columns (the entropy study's)")
     p.add_argument("--ops", default="+-", help="demo task: the operations")
     p.add_argument("--digits", default=None,
-                   help="digits of the numbers, e.g. 2,3 (default: 2,3 demo; 2 chain)")
+                   help="digits of the numbers, e.g. 2,3 (default: 2,3 demo; 2 chain; 3 shortcut)")
     p.add_argument("--slip-prob", type=float, default=None,
                    help=f"share of pre-training solutions (demo, default {SLIP_PROB}) or solution "
-                        f"steps (chain, default {CHAIN_SLIP_PROB}) with one slip of one")
+                        f"steps (chain, default {CHAIN_SLIP_PROB}) or worked solutions (shortcut, "
+                        f"default {SHORTCUT_SLIP_PROB}) with one slip of one")
+    p.add_argument("--glance-prob", type=float, default=SHORTCUT_GLANCE_PROB,
+                   help="shortcut task: share of pre-training solutions that take the glance")
+    p.add_argument("--no-carry", type=float, default=SHORTCUT_NO_CARRY,
+                   help="shortcut task: share of problems that carry in no column")
     p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
     e = sub.add_parser("eval", help="held-out accuracy of a model directory")
     e.add_argument("model_dir")
@@ -563,16 +672,20 @@ def main():
     if args.cmd == "prepare":
         t0 = time.time()
         data_dir, model_dir = os.path.join(args.out, "data"), os.path.join(args.out, "model")
-        chain = args.task == "chain"
-        digits = tuple(int(d) for d in (args.digits or ("2" if chain else "2,3")).split(","))
-        slip_prob = args.slip_prob if args.slip_prob is not None else CHAIN_SLIP_PROB if chain else SLIP_PROB
-        if chain:
+        task = args.task
+        digits = tuple(int(d) for d in (args.digits or {"demo": "2,3", "chain": "2", "shortcut": "3"}[task]).split(","))
+        slip_prob = args.slip_prob if args.slip_prob is not None else \
+            {"demo": SLIP_PROB, "chain": CHAIN_SLIP_PROB, "shortcut": SHORTCUT_SLIP_PROB}[task]
+        if task == "chain":
             write_chain_data(data_dir, seed=args.seed, digits=digits, slip_prob=slip_prob)
+        elif task == "shortcut":
+            write_shortcut_data(data_dir, seed=args.seed, digits=digits, slip_prob=slip_prob,
+                                glance_prob=args.glance_prob, no_carry=args.no_carry)
         else:
             write_demo_data(data_dir, seed=args.seed, ops=args.ops, digits=digits, slip_prob=slip_prob)
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
         sft_rows = load_problems(os.path.join(data_dir, "sft.jsonl"))
-        pretrain(model_dir, sft_rows, steps=args.steps or (800 if chain else 600),
+        pretrain(model_dir, sft_rows, steps=args.steps or (800 if task == "chain" else 600),
                  batch_size=args.batch_size, lr=args.lr, decay_frac=args.decay_frac, seed=args.seed)
         print(f"pre-training done in {time.time() - t0:.0f}s; model in {model_dir}")
         args.model_dir, args.data = model_dir, os.path.join(data_dir, "test.jsonl")

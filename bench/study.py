@@ -115,13 +115,13 @@ def launch(cmd, log_path, cwd=ROOT):
 
 
 def prepare_base(out, settings):
-    """OUT/base: the chain task's data and the pre-trained model, made once (DONE marks it)."""
+    """OUT/base: the task's data and the pre-trained model, made once (DONE marks it)."""
     base = os.path.join(out, "base")
     if is_finished(base):
         print(f"[skip] {base}: prepared")
         return base
     os.makedirs(base, exist_ok=True)
-    cmd = [sys.executable, os.path.join(ROOT, "demo.py"), "prepare", "--task", "chain", "--out", base,
+    cmd = [sys.executable, os.path.join(ROOT, "demo.py"), "prepare", "--task", settings["task"], "--out", base,
            "--seed", str(settings["base_seed"]), "--steps", str(settings["pretrain_steps"]),
            "--n-eval", str(settings["base_eval"])]
     print(f"[prepare] {shlex.join(cmd)}", flush=True)
@@ -182,10 +182,11 @@ def study_settings(args):
     smoke = args.smoke
     with open(args.config) as f:
         values = yaml.safe_load(f)
-    return {"config": os.path.relpath(os.path.abspath(args.config), ROOT), "config_values": values,
+    return {"task": args.task, "config": os.path.relpath(os.path.abspath(args.config), ROOT), "config_values": values,
             "steps": SMOKE["steps"] if smoke else args.steps, "nproc": args.nproc,
             "set": (SMOKE["set"] if smoke else []) + args.set, "base_seed": args.base_seed,
-            "pretrain_steps": SMOKE["pretrain_steps"] if smoke else args.pretrain_steps,
+            "pretrain_steps": SMOKE["pretrain_steps"] if smoke else
+            args.pretrain_steps or {"chain": 800, "shortcut": 600}[args.task],
             "base_eval": SMOKE["base_eval"] if smoke else args.base_eval, "smoke": smoke}
 
 
@@ -196,6 +197,7 @@ def cmd_run(args):
     if os.path.exists(saved):
         with open(saved) as f:
             old = json.load(f)
+        old.setdefault("task", "chain")  # studies made before --task were the chain task's
         if old != settings:
             diff = {k: (old.get(k), settings.get(k)) for k in set(old) | set(settings) if old.get(k) != settings.get(k)}
             sys.exit(f"{args.out} holds runs made with other settings (was, now): {diff}; "
@@ -451,10 +453,20 @@ def cpu_totals(out, runs):
     return cpu, wall
 
 
-def plot_curves(runs, docs_dir, threshold=None):
+def plot_name(task, what):
+    """docs/study_<what>.png for the chain task, docs/study_<task>_<what>.png for another."""
+    return "study_" + ("" if task == "chain" else f"{task}_") + what + ".png"
+
+
+def curve_name(task, key):
+    return plot_name(task, re.sub(r"[^a-z0-9]+", "_", key.lower().replace("@", "")).strip("_"))
+
+
+def plot_curves(runs, docs_dir, threshold=None, task="chain"):
     """docs/study_<metric>.png per CURVES key logged by some run (the accuracies with the
     steps-to-threshold line), and study_pass_at_k.png (final and initial held-out pass@k against
-    k); other docs/study_*.png are removed. -> file names"""
+    k), named by plot_name for the task; a plot of those names not drawn this time is removed
+    (no other file: another study's plots stay). -> file names"""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -478,7 +490,7 @@ def plot_curves(runs, docs_dir, threshold=None):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
             fig.tight_layout()
-            name = "study_" + re.sub(r"[^a-z0-9]+", "_", key.lower().replace("@", "")).strip("_") + ".png"
+            name = curve_name(task, key)
             fig.savefig(os.path.join(docs_dir, name), dpi=90)
             written.append(name)
         plt.close(fig)
@@ -503,12 +515,12 @@ def plot_curves(runs, docs_dir, threshold=None):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(docs_dir, "study_pass_at_k.png"), dpi=90)
-        written.append("study_pass_at_k.png")
+        fig.savefig(os.path.join(docs_dir, plot_name(task, "pass_at_k")), dpi=90)
+        written.append(plot_name(task, "pass_at_k"))
     plt.close(fig)
-    for stale in glob.glob(os.path.join(docs_dir, "study_*.png")):
-        if os.path.basename(stale) not in written:
-            os.remove(stale)
+    for name in [curve_name(task, key) for key, _, _ in CURVES] + [plot_name(task, "pass_at_k")]:
+        if name not in written and os.path.exists(os.path.join(docs_dir, name)):
+            os.remove(os.path.join(docs_dir, name))
     return written
 
 
@@ -521,7 +533,8 @@ def report_lines(out, runs, settings, threshold, pngs, command):
     base_log = os.path.join(out, "base", "prepare.log")
     base_acc = re.findall(r"held-out accuracy at T=(\S+): (\S+) on (\d+) problems",
                           open(base_log).read() if os.path.exists(base_log) else "")
-    base = (f"; the pre-trained model ({settings['pretrain_steps']} steps of demo.py prepare --task chain) is "
+    base = (f"; the pre-trained model ({settings['pretrain_steps']} steps of demo.py prepare --task "
+            f"{settings.get('task', 'chain')}) is "
             f"right {' and '.join(f'{acc} at T={t}' for t, acc, _ in base_acc)} on {base_acc[0][2]} held-out "
             f"problems" if base_acc else "")
     L = [f"Generated by `bench/study.py report` on {datetime.date.today()} from {n_runs} finished runs "
@@ -585,22 +598,26 @@ def report_lines(out, runs, settings, threshold, pngs, command):
     return L
 
 
-BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+def markers(task="chain"):
+    """The lines between which `report` writes: the chain study's, or another task's own."""
+    name = "generated" if task == "chain" else f"generated {task}"
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
 
 
-def check_doc(doc):
-    """-> the text of `doc`, which must hold one BEGIN marker followed by one END marker."""
+def check_doc(doc, task="chain"):
+    """-> the text of `doc`, which must hold the task's begin marker followed by its end marker."""
+    begin, end = markers(task)
     with open(doc) as f:
         text = f.read()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        sys.exit(f"{doc} needs one '{BEGIN}' line followed by one '{END}' line")
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        sys.exit(f"{doc} needs one '{begin}' line followed by one '{end}' line")
     return text
 
 
-def write_generated(doc, lines):
-    """Replace what lies between the generated markers of `doc` with `lines`."""
-    begin, end = BEGIN, END
-    text = check_doc(doc)
+def write_generated(doc, lines, task="chain"):
+    """Replace what lies between the task's generated markers of `doc` with `lines`."""
+    begin, end = markers(task)
+    text = check_doc(doc, task)
     head, rest = text.split(begin)
     _, tail = rest.split(end)
     with open(doc, "w") as f:
@@ -608,24 +625,25 @@ def write_generated(doc, lines):
 
 
 def cmd_report(args):
-    check_doc(args.doc)  # before any plot is written
     if not os.path.exists(os.path.join(args.out, "study.json")):
         sys.exit(f"{args.out} holds no study (no study.json): `bench/study.py run --out {args.out}` first")
     runs, settings = load_study(args.out)
+    task = settings.get("task", "chain")
+    check_doc(args.doc, task)  # before any plot is written
     if not runs:
         sys.exit(f"no finished runs in {args.out}")
     docs_dir = os.path.dirname(os.path.abspath(args.doc))
-    pngs = plot_curves(runs, docs_dir, args.threshold)
+    pngs = plot_curves(runs, docs_dir, args.threshold, task)
     seeds = sorted({s for v in runs.values() for s in v})
     run_args = (["--smoke"] if settings["smoke"] else
-                ["--seeds", *map(str, seeds), "--steps", str(settings["steps"]),
+                ["--task", task, "--seeds", *map(str, seeds), "--steps", str(settings["steps"]),
                  "--variants", *runs, "--nproc", str(settings["nproc"]),
                  "--pretrain-steps", str(settings["pretrain_steps"]), "--base-seed", str(settings["base_seed"]),
                  *sum((["--set", s] for s in settings["set"]), [])])
     command = (f"python bench/study.py run --out {args.out} {shlex.join(run_args)} && "
                f"python bench/study.py report --out {args.out} --threshold {args.threshold:g}")
     lines = report_lines(args.out, runs, settings, args.threshold, pngs, command)
-    write_generated(args.doc, lines)
+    write_generated(args.doc, lines, task)
     print("\n".join(lines))
 
 
@@ -634,6 +652,8 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="prepare the base model, train every (variant, seed)")
     r.add_argument("--out", default=os.path.join(ROOT, "runs", "study"))
+    r.add_argument("--task", choices=["chain", "shortcut"], default="chain",
+                   help="chain: the loss study's task; shortcut: the entropy study's (demo.py prepare --task)")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     r.add_argument("--steps", type=int, default=150)
     r.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -643,7 +663,8 @@ def main(argv=None):
     r.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="train.py overrides for every run (several, as train.py's --set)")
     r.add_argument("--base-seed", type=int, default=0, help="seed of the task data and pre-training")
-    r.add_argument("--pretrain-steps", type=int, default=800)
+    r.add_argument("--pretrain-steps", type=int, default=None,
+                   help="pre-training steps of the base model (default: 800 chain, 600 shortcut)")
     r.add_argument("--base-eval", type=int, default=500, help="held-out problems demo.py measures")
     r.add_argument("--smoke", action="store_true", help="toy size for CI (SMOKE)")
     p = sub.add_parser("report", help="tables, verdicts and plots from the finished runs")

@@ -417,3 +417,57 @@ def test_chain_splits_do_not_overlap_and_rl_rows_carry_no_solution(tmp_path):
     assert demo.chain_key(47, "+-", 38, 25) == demo.chain_key(38, "+-", 47, 25) == \
         demo.chain_key(47, "-+", 25, 38) == ((38, 47), (25,))
     assert demo.chain_key(47, "--", 25, 8) != demo.chain_key(47, "-+", 25, 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# The shortcut task (a + b at a glance or in columns): the entropy study's
+
+def _operands(problem):
+    a, b = (int(x) for x in re.findall(r"\d+", problem))
+    return a, b
+
+
+def test_the_glance_adds_each_column_alone_by_hand():
+    assert demo.glance_sum(347, 251) == 598 and not demo.carries(347, 251)
+    assert demo.glance_sum(347, 258) == 595 and demo.carries(347, 258)   # 7+8 carries: 5, not 15
+    assert demo.glance_sum(951, 70) == 921 and demo.carries(951, 70)     # 9+0 then 5+7: the tens carry
+    assert demo.glance_sum(500, 499) == 999 and not demo.carries(500, 499)
+    assert demo.glance_sum(999, 1) == 990 and demo.carries(999, 1)
+    assert demo.glance_solution(347, 258) == "347+258=595\n\\boxed{595}"
+
+
+def test_shortcut_rows_mix_the_kinds_and_each_route_is_right_where_it_should_be():
+    rows, keys = demo.generate_shortcut_rows(2000, seed=3, no_carry=0.75, glance_prob=0.5, slip_prob=0.4)
+    assert len(keys) == len(rows) == 2000
+    no_carry = [not demo.carries(*_operands(r["problem"])) for r in rows]
+    assert 0.72 < sum(no_carry) / len(rows) < 0.78
+    glances = slipped = 0
+    for r, easy in zip(rows, no_carry):
+        a, b = _operands(r["problem"])
+        assert r["answer"] == str(a + b)
+        right = reward.grade(r["solution"], r["answer"])[1]
+        if r["solution"].split("\n")[0] == f"{a}+{b}={demo.glance_sum(a, b)}":  # the glance
+            glances += 1
+            assert right == easy  # right exactly when no column carries
+        else:
+            assert r["solution"].startswith(f"{a}+{b}\n")  # worked in columns
+            slipped += not right
+    assert 0.47 < glances / len(rows) < 0.53
+    assert 0.37 < slipped / (len(rows) - glances) < 0.43
+    # the problems drawn do not depend on the solutions' shares
+    same, _ = demo.generate_shortcut_rows(2000, seed=3, no_carry=0.75)
+    assert [r["problem"] for r in same] == [r["problem"] for r in rows]
+    assert all(reward.grade(r["solution"], r["answer"])[1] for r in same)  # no glance, no slip: right
+
+
+def test_shortcut_splits_do_not_overlap_and_rl_rows_carry_no_solution(tmp_path):
+    splits = demo.write_shortcut_data(str(tmp_path), seed=1, n_train=400, n_test=200, n_sft=800)
+    keys = {}
+    for name, rows in splits.items():
+        keys[name] = {tuple(sorted(_operands(r["problem"]))) for r in rows}
+        assert len(keys[name]) == len(rows)
+        file_rows = load_problems(str(tmp_path / f"{name}.jsonl"))
+        assert all(("solution" in r) == (name == "sft") for r in file_rows)
+    assert not keys["test"] & keys["train"] and not keys["test"] & keys["sft"] and not keys["train"] & keys["sft"]
+    with pytest.raises(ValueError, match="no_carry must be in"):
+        demo.generate_shortcut_rows(10, 0, no_carry=1.5)

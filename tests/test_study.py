@@ -212,7 +212,10 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     doc.parent.mkdir()
     hand = "# Results\n\n<!-- hypotheses -->\nHand-written hypotheses.\n\n"
     doc.write_text(hand + "<!-- generated: begin -->\nold text\n<!-- generated: end -->\n\nA footer.\n")
-    (doc.parent / "study_old_metric.png").write_bytes(b"stale")
+    # a plot of this study's names that this report does not draw (no run logs the key) is stale;
+    # another study's plots (the shortcut task's, a hand-named one) are not this report's to remove
+    for name in ["study_actor_cov_selected_frac.png", "study_shortcut_actor_entropy.png", "study_c2_entropy.png"]:
+        (doc.parent / name).write_bytes(b"old")
     study.main(["report", "--out", str(synthetic_study), "--threshold", "0.6", "--doc", str(doc)])
     text = doc.read_text()
     assert text.startswith(hand) and text.endswith("<!-- generated: end -->\n\nA footer.\n")
@@ -240,7 +243,8 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     assert f"Total CPU time: {cpu_hours:.2f} CPU-hours" in text
     assert "python bench/study.py run --out" in text and "--threshold 0.6" in text
     pngs = sorted(p.name for p in doc.parent.glob("study_*.png"))
-    assert "study_old_metric.png" not in pngs  # stale plots go
+    assert "study_actor_cov_selected_frac.png" not in pngs  # stale plots go
+    assert "study_shortcut_actor_entropy.png" in pngs and "study_c2_entropy.png" in pngs
     for name in ["study_eval_accuracy.png", "study_eval_pass32.png", "study_actor_entropy.png",
                  "study_actor_log_ratio_p999.png", "study_reward_accuracy.png", "study_pass_at_k.png"]:
         assert name in pngs and (doc.parent / name).stat().st_size > 10_000
@@ -254,6 +258,28 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     again = doc.read_text()
     assert again.startswith(hand) and again.count("<!-- generated: begin -->") == 1
     assert again.split("<!-- generated: begin -->")[1].split("\n", 2)[2] == text.split("<!-- generated: begin -->")[1].split("\n", 2)[2]
+
+
+def test_another_tasks_report_has_its_own_markers_and_plots(synthetic_study, tmp_path):
+    """A study of the shortcut task writes between its own markers and into study_shortcut_*.png:
+    the chain study's section and plots in the same RESULTS.md stay as they are."""
+    settings = json.loads((synthetic_study / "study.json").read_text())
+    (synthetic_study / "study.json").write_text(json.dumps({**settings, "task": "shortcut"}))
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir()
+    chain = "<!-- generated: begin -->\nthe chain study\n<!-- generated: end -->\n"
+    doc.write_text(chain + "\n## Shortcut\n<!-- generated shortcut: begin -->\n<!-- generated shortcut: end -->\n")
+    (doc.parent / "study_actor_entropy.png").write_bytes(b"the chain study's")
+    study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
+    text = doc.read_text()
+    assert text.startswith(chain)
+    assert "--task shortcut --seeds 0 1 2 3" in text  # the reproducing command names the task
+    assert (doc.parent / "study_actor_entropy.png").read_bytes() == b"the chain study's"
+    assert (doc.parent / "study_shortcut_actor_entropy.png").stat().st_size > 10_000
+    assert "![study_shortcut_pass_at_k.png](study_shortcut_pass_at_k.png)" in text
+    doc.write_text(chain)  # no shortcut markers: refused, nothing drawn
+    with pytest.raises(SystemExit, match="generated shortcut: begin"):
+        study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
 
 
 def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
@@ -286,7 +312,7 @@ def test_a_study_is_tied_to_its_settings_and_config_values(tmp_path):
 
     def settings(text, **kw):
         cfg.write_text(text)
-        args = dict(config=str(cfg), smoke=False, steps=150, nproc=2, set=[], base_seed=0,
+        args = dict(task="chain", config=str(cfg), smoke=False, steps=150, nproc=2, set=[], base_seed=0,
                     pretrain_steps=800, base_eval=500)
         return study.study_settings(argparse.Namespace(**{**args, **kw}))
     a = settings("lr: 1.0e-4\nsteps: 150\n")
@@ -294,6 +320,7 @@ def test_a_study_is_tied_to_its_settings_and_config_values(tmp_path):
     assert a != settings("lr: 2.0e-4\nsteps: 150\n")  # an edited config is another study
     assert a != settings("lr: 1.0e-4\nsteps: 150\n", steps=200)
     assert settings("lr: 1\n", smoke=True)["steps"] == study.SMOKE["steps"]
+    assert a != settings("lr: 1.0e-4\nsteps: 150\n", task="shortcut")  # another task, another study
 
 
 # ---------------------------------------------------------------------------------------------
