@@ -415,10 +415,10 @@ def write_chain_data(out_dir, seed=0, *, n_train=5000, n_test=500, n_sft=40000, 
 # pass@k. The choice is the response's first token after "347+251" ("=" or a new line).
 
 # The share of problems with no carry in any column, in every split.
-SHORTCUT_NO_CARRY = 0.75
+SHORTCUT_NO_CARRY = 0.9
 # The share of pre-training solutions that take the glance, and of worked ones with one slip.
 SHORTCUT_GLANCE_PROB = 0.5
-SHORTCUT_SLIP_PROB = 0.4
+SHORTCUT_SLIP_PROB = 0.6
 
 
 def carries(a, b):
