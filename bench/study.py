@@ -425,6 +425,27 @@ def claims_table(summaries):
     return rows
 
 
+# The entropy study's premise T (docs/RESULTS.md): GRPO collapses, at a price. (what, per-seed
+# value from a run's summary, null, side the premise needs)
+PREMISE = [
+    ("entropy, last 10 steps / first 10", lambda s: s["entropy_final"] / s["entropy_start"], 0.5, "below"),
+    ("held-out pass@32, end - start", lambda s: s.get("pass@32", np.nan) - s.get("pass@32_start", np.nan), 0.0, "below"),
+    ("held-out pass@1, end - start", lambda s: s["pass@1"] - s["pass@1_start"], 0.0, "above"),
+]
+
+
+def premise_table(per_seed):
+    """PREMISE's rows for one variant's {seed: summary}: (what, estimate, low, high, holds?, t
+    interval). The premise holds when every row's bootstrap CI lies on its side."""
+    rows = []
+    for what, f, null, side in PREMISE:
+        x = [f(s) for s in per_seed.values()]
+        est, lo, hi = bootstrap_ci(x)
+        t = t_interval(np.asarray(x) - null, np.zeros(len(x)))
+        rows.append((what, est, lo, hi, verdict(lo, hi, null, side) == "supported", (t[0] + null, t[1] + null, t[2] + null)))
+    return rows
+
+
 def fmt(est, lo, hi, digits=3):
     if np.isnan(est):
         return "–"
@@ -578,6 +599,15 @@ def report_lines(out, runs, settings, threshold, pngs, command):
         for v, per_seed in summaries.items():
             L.append(f"| {v} | " + " | ".join(fmt(*bootstrap_ci([s.get(f"pass@{k}", np.nan) for s in per_seed.values()]))
                                                for k in ks) + " |")
+    if settings.get("task", "chain") != "chain" and "grpo" in summaries:
+        rows = premise_table(summaries["grpo"])
+        L += ["", "### The premise: does GRPO collapse, at a price?", "",
+              "GRPO's runs, mean over seeds with the bootstrap 95% CI and Student's t interval. The premise "
+              "holds when the entropy ratio's CI lies below 0.5, pass@32's change below 0 and pass@1's "
+              f"above 0: **{'it holds' if all(r[4] for r in rows) else 'it does not hold'}**.", "",
+              "| measure | estimate [95% CI] | on the premise's side | t interval |", "|---|---|---|---|"]
+        L += [f"| {what} | {fmt(est, lo, hi)} | {'yes' if ok else 'no'} | {fmt(*t)} |"
+              for what, est, lo, hi, ok, t in rows]
     L += ["", "### The claims", "",
           "Effect: a difference of means (TEPO minus the other) or a ratio of means (TEPO over the "
           "other), paired by seed. Verdict: *supported* if the 95% CI lies on the claimed side of the "

@@ -277,6 +277,13 @@ def test_another_tasks_report_has_its_own_markers_and_plots(synthetic_study, tmp
     assert (doc.parent / "study_actor_entropy.png").read_bytes() == b"the chain study's"
     assert (doc.parent / "study_shortcut_actor_entropy.png").stat().st_size > 10_000
     assert "![study_shortcut_pass_at_k.png](study_shortcut_pass_at_k.png)" in text
+    # the premise, from GRPO's runs: entropy 0.5 + (end - 0.5) * step / 40, end = 0.1 + 0.005 * seed,
+    # so the mean of steps 31-40 over that of steps 1-10, averaged over the seeds; pass@32 falls to 0.8
+    assert "does GRPO collapse, at a price?" in text and "**it holds**" in text
+    want = np.mean([(0.5 + (e - 0.5) * 35.5 / 40) / (0.5 + (e - 0.5) * 5.5 / 40)
+                    for e in (0.1, 0.105, 0.11, 0.115)])
+    ratio = next(ln for ln in text.splitlines() if ln.startswith("| entropy, last 10 steps / first 10 |"))
+    assert ratio.startswith(f"| entropy, last 10 steps / first 10 | {want:.3f} [") and "| yes |" in ratio
     doc.write_text(chain)  # no shortcut markers: refused, nothing drawn
     with pytest.raises(SystemExit, match="generated shortcut: begin"):
         study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
