@@ -431,7 +431,8 @@ def carries(a, b):
 
 
 def glance_sum(a, b):
-    """a + b added column by column without carrying (347+258 -> 595): the shortcut's answer."""
+    """a + b added column by column without carrying (347+258 -> 595): the shortcut's answer.
+    A leading column that sums to 10 gives a leading 0, dropped as in any number (547+558 -> 95)."""
     out, place = 0, 1
     while a or b:
         out += (a % 10 + b % 10) % 10 * place
@@ -459,20 +460,19 @@ def generate_shortcut_rows(n, seed, *, digits=(3,), exclude=(), no_carry=SHORTCU
             raise ValueError(f"{name} must be in [0, 1], got {p!r}")
     rng, sol_rng = random.Random(f"shortcut-{seed}"), random.Random(f"shortcut-solutions-{seed}")
     seen, rows = set(exclude), []
-    for _ in range(100 * n):
-        if len(rows) == n:
-            break
+    for _ in range(n):
+        # The kind first, then a new problem of that kind: redrawing a taken problem inside its
+        # kind keeps the share exact (a new coin per redraw would drift toward the kind with more
+        # problems left, carrying: ~83% without carry in a 40,000-row split instead of 90%).
         want_carry = rng.random() >= no_carry
-        for _ in range(1000):  # redraw until the kind drawn
+        for _ in range(10_000):
             a, _, b = sample_operands(rng, "+", digits)
-            if carries(a, b) == want_carry:
+            key = (min(a, b), "+", max(a, b))
+            if carries(a, b) == want_carry and key not in seen:
                 break
         else:
-            raise ValueError(f"could not draw a problem {'with' if want_carry else 'without'} "
-                             f"a carry with digits={digits}")
-        key = (min(a, b), "+", max(a, b))
-        if key in seen:
-            continue
+            raise ValueError(f"could not draw {n} distinct shortcut problems with digits={digits} "
+                             f"and no_carry={no_carry}")
         seen.add(key)
         row = make_row(a, "+", b, rng)
         if sol_rng.random() < glance_prob:
@@ -481,8 +481,6 @@ def generate_shortcut_rows(n, seed, *, digits=(3,), exclude=(), no_carry=SHORTCU
             slip = (sol_rng.randrange(len(str(max(a, b)))), sol_rng.choice((-1, 1)))
             row["solution"] = worked_solution(a, "+", b, slip)
         rows.append(row)
-    if len(rows) < n:
-        raise ValueError(f"could not draw {n} distinct shortcut problems with digits={digits}")
     return rows, seen - set(exclude)
 
 
@@ -656,10 +654,11 @@ def main():
                    help=f"share of pre-training solutions (demo, default {SLIP_PROB}) or solution "
                         f"steps (chain, default {CHAIN_SLIP_PROB}) or worked solutions (shortcut, "
                         f"default {SHORTCUT_SLIP_PROB}) with one slip of one")
-    p.add_argument("--glance-prob", type=float, default=SHORTCUT_GLANCE_PROB,
-                   help="shortcut task: share of pre-training solutions that take the glance")
-    p.add_argument("--no-carry", type=float, default=SHORTCUT_NO_CARRY,
-                   help="shortcut task: share of problems that carry in no column")
+    p.add_argument("--glance-prob", type=float, default=None,
+                   help=f"shortcut task: share of pre-training solutions that take the glance "
+                        f"(default {SHORTCUT_GLANCE_PROB})")
+    p.add_argument("--no-carry", type=float, default=None,
+                   help=f"shortcut task: share of problems that carry in no column (default {SHORTCUT_NO_CARRY})")
     p.add_argument("--n-eval", type=int, default=500, help="held-out problems to measure on")
     e = sub.add_parser("eval", help="held-out accuracy of a model directory")
     e.add_argument("model_dir")
@@ -673,6 +672,8 @@ def main():
         t0 = time.time()
         data_dir, model_dir = os.path.join(args.out, "data"), os.path.join(args.out, "model")
         task = args.task
+        if task != "shortcut" and (args.glance_prob is not None or args.no_carry is not None):
+            ap.error("--glance-prob and --no-carry are the shortcut task's: add --task shortcut")
         digits = tuple(int(d) for d in (args.digits or {"demo": "2,3", "chain": "2", "shortcut": "3"}[task]).split(","))
         slip_prob = args.slip_prob if args.slip_prob is not None else \
             {"demo": SLIP_PROB, "chain": CHAIN_SLIP_PROB, "shortcut": SHORTCUT_SLIP_PROB}[task]
@@ -680,7 +681,8 @@ def main():
             write_chain_data(data_dir, seed=args.seed, digits=digits, slip_prob=slip_prob)
         elif task == "shortcut":
             write_shortcut_data(data_dir, seed=args.seed, digits=digits, slip_prob=slip_prob,
-                                glance_prob=args.glance_prob, no_carry=args.no_carry)
+                                glance_prob=SHORTCUT_GLANCE_PROB if args.glance_prob is None else args.glance_prob,
+                                no_carry=SHORTCUT_NO_CARRY if args.no_carry is None else args.no_carry)
         else:
             write_demo_data(data_dir, seed=args.seed, ops=args.ops, digits=digits, slip_prob=slip_prob)
         make_tiny_model(model_dir, seed=args.seed, **DEMO_MODEL)
