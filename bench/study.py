@@ -1,10 +1,16 @@
-"""The loss study: TEPO against GRPO, Dr.GRPO, DAPO and GSPO on the chain task, with CIs over seeds.
+"""The studies: TEPO against the baselines on a task the project makes, with CIs over seeds.
 
     python bench/study.py run --out runs/study --seeds 0 1 2 3 --steps 150
     python bench/study.py report --out runs/study --threshold 0.6
     python bench/study.py run --smoke --out /tmp/smoke && python bench/study.py report --out /tmp/smoke --doc /tmp/R.md
 
-`run` prepares the base model once (`demo.py prepare --task chain`, seeded; cached in OUT/base), then
+`--task` names the task: `chain` (the loss study, the default) or `shortcut` (the entropy study,
+a task made to collapse). Each task's report goes between its own markers of docs/RESULTS.md
+(`<!-- generated: begin -->` for chain, `<!-- generated shortcut: begin -->` for shortcut) and
+into its own plots (docs/study_<metric>.png, docs/study_shortcut_<metric>.png); the shortcut
+report opens with its premise (PREMISE: does GRPO collapse there, at a price?).
+
+`run` prepares the base model once (`demo.py prepare --task TASK`, seeded; cached in OUT/base), then
 trains every (variant, seed) with train.py and configs/study.yaml into OUT/<variant>-s<seed>/, each
 with its own metrics.jsonl. Variants change only the loss (VARIANTS), so every one gets the same
 prompts, samples and optimizer steps per RL step; the seed sets the data order and the sampling, so
@@ -435,15 +441,30 @@ PREMISE = [
 
 
 def premise_table(per_seed):
-    """PREMISE's rows for one variant's {seed: summary}: (what, estimate, low, high, holds?, t
-    interval). The premise holds when every row's bootstrap CI lies on its side."""
+    """PREMISE's rows for one variant's {seed: summary}: (what, estimate, low, high, verdict, t
+    interval), the verdict "supported" when the bootstrap CI lies on the premise's side, "no data"
+    without the measure, "no CI from one seed" below two seeds (a bootstrap of one value has no
+    width)."""
     rows = []
     for what, f, null, side in PREMISE:
         x = [f(s) for s in per_seed.values()]
         est, lo, hi = bootstrap_ci(x)
+        v = verdict(lo, hi, null, side)
+        if len(x) < 2 and v != "no data":
+            v = "no CI from one seed"
         t = t_interval(np.asarray(x) - null, np.zeros(len(x)))
-        rows.append((what, est, lo, hi, verdict(lo, hi, null, side) == "supported", (t[0] + null, t[1] + null, t[2] + null)))
+        rows.append((what, est, lo, hi, v, (t[0] + null, t[1] + null, t[2] + null)))
     return rows
+
+
+def premise_status(rows):
+    """The premise as a whole: it holds (every row supported), does not hold (every row has a CI
+    and one is not on its side), or cannot be read (a row without data or a CI)."""
+    if all(r[4] == "supported" for r in rows):
+        return "it holds"
+    if any(r[4] in ("no data", "no CI from one seed") for r in rows):
+        return "it cannot be read (" + ", ".join(sorted({r[4] for r in rows if r[4] != "supported"})) + ")"
+    return "it does not hold"
 
 
 def fmt(est, lo, hi, digits=3):
@@ -545,6 +566,19 @@ def plot_curves(runs, docs_dir, threshold=None, task="chain"):
     return written
 
 
+def premise_lines(settings, summaries):
+    """The entropy study's premise, first in its report (not the chain study's: it has none)."""
+    if settings.get("task", "chain") == "chain" or "grpo" not in summaries:
+        return []
+    rows = premise_table(summaries["grpo"])
+    return ["### The premise: does GRPO collapse, at a price?", "",
+            "GRPO's runs, mean over seeds with the bootstrap 95% CI and Student's t interval. The premise "
+            "holds when the entropy ratio's CI lies below 0.5, pass@32's change below 0 and pass@1's "
+            f"above 0: **{premise_status(rows)}**.", "",
+            "| measure | estimate [95% CI] | verdict | t interval |", "|---|---|---|---|",
+            *[f"| {what} | {fmt(est, lo, hi)} | {v} | {fmt(*t)} |" for what, est, lo, hi, v, t in rows], ""]
+
+
 def report_lines(out, runs, settings, threshold, pngs, command):
     """The generated part of docs/RESULTS.md, as lines."""
     summaries = {v: {s: run_summary(rows, settings["steps"], threshold) for s, rows in seeds.items()}
@@ -567,6 +601,7 @@ def report_lines(out, runs, settings, threshold, pngs, command):
          f"Setting: {settings['config']} with {settings['set'] or 'no overrides'}, {settings['steps']} RL "
          f"steps{base}. Each number is the mean over seeds with its bootstrap 95% CI [low, high] "
          f"({BOOT:,} resamples of the seeds).", "",
+         *premise_lines(settings, summaries),
          "### Per variant: accuracy and speed", "",
          f"| variant | seeds | held-out pass@1: start → end | held-out pass@32: start → end | steps to "
          f"{threshold:.0%}, training batch ({TRAIL}-step mean) | steps to {threshold:.0%}, held-out | pass@1 gain "
@@ -599,15 +634,6 @@ def report_lines(out, runs, settings, threshold, pngs, command):
         for v, per_seed in summaries.items():
             L.append(f"| {v} | " + " | ".join(fmt(*bootstrap_ci([s.get(f"pass@{k}", np.nan) for s in per_seed.values()]))
                                                for k in ks) + " |")
-    if settings.get("task", "chain") != "chain" and "grpo" in summaries:
-        rows = premise_table(summaries["grpo"])
-        L += ["", "### The premise: does GRPO collapse, at a price?", "",
-              "GRPO's runs, mean over seeds with the bootstrap 95% CI and Student's t interval. The premise "
-              "holds when the entropy ratio's CI lies below 0.5, pass@32's change below 0 and pass@1's "
-              f"above 0: **{'it holds' if all(r[4] for r in rows) else 'it does not hold'}**.", "",
-              "| measure | estimate [95% CI] | on the premise's side | t interval |", "|---|---|---|---|"]
-        L += [f"| {what} | {fmt(est, lo, hi)} | {'yes' if ok else 'no'} | {fmt(*t)} |"
-              for what, est, lo, hi, ok, t in rows]
     L += ["", "### The claims", "",
           "Effect: a difference of means (TEPO minus the other) or a ratio of means (TEPO over the "
           "other), paired by seed. Verdict: *supported* if the 95% CI lies on the claimed side of the "
@@ -665,7 +691,7 @@ def cmd_report(args):
     docs_dir = os.path.dirname(os.path.abspath(args.doc))
     pngs = plot_curves(runs, docs_dir, args.threshold, task)
     seeds = sorted({s for v in runs.values() for s in v})
-    run_args = (["--smoke"] if settings["smoke"] else
+    run_args = (["--task", task, "--smoke"] if settings["smoke"] else
                 ["--task", task, "--seeds", *map(str, seeds), "--steps", str(settings["steps"]),
                  "--variants", *runs, "--nproc", str(settings["nproc"]),
                  "--pretrain-steps", str(settings["pretrain_steps"]), "--base-seed", str(settings["base_seed"]),
