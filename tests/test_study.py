@@ -283,7 +283,11 @@ def test_another_tasks_report_has_its_own_markers_and_plots(synthetic_study, tmp
     want = np.mean([(0.5 + (e - 0.5) * 35.5 / 40) / (0.5 + (e - 0.5) * 5.5 / 40)
                     for e in (0.1, 0.105, 0.11, 0.115)])
     ratio = next(ln for ln in text.splitlines() if ln.startswith("| entropy, last 10 steps / first 10 |"))
-    assert ratio.startswith(f"| entropy, last 10 steps / first 10 | {want:.3f} [") and "| yes |" in ratio
+    assert ratio.startswith(f"| entropy, last 10 steps / first 10 | {want:.3f} [") and "| supported |" in ratio
+    assert text.index("does GRPO collapse") < text.index("### Per variant")  # the premise comes first
+    # one seed gives no interval: the premise cannot be read, whatever the values
+    one = {0: study.run_summary(study.read_metrics(str(synthetic_study / "grpo-s0")), 40, 0.6)}
+    assert study.premise_status(study.premise_table(one)) == "it cannot be read (no CI from one seed)"
     doc.write_text(chain)  # no shortcut markers: refused, nothing drawn
     with pytest.raises(SystemExit, match="generated shortcut: begin"):
         study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
@@ -328,6 +332,27 @@ def test_a_study_is_tied_to_its_settings_and_config_values(tmp_path):
     assert a != settings("lr: 1.0e-4\nsteps: 150\n", steps=200)
     assert settings("lr: 1\n", smoke=True)["steps"] == study.SMOKE["steps"]
     assert a != settings("lr: 1.0e-4\nsteps: 150\n", task="shortcut")  # another task, another study
+
+
+def test_a_study_made_before_tasks_is_the_chain_tasks(tmp_path, monkeypatch):
+    """An OUT whose study.json predates --task (no "task" key) is taken as the chain task's: `run`
+    with the same settings goes on (here: every run finished, nothing to do), with another task
+    it refuses."""
+    import argparse
+    out = tmp_path / "old"
+    out.mkdir()
+    args = argparse.Namespace(task="chain", config=study.CONFIG, smoke=False, steps=150, nproc=2, set=[],
+                              base_seed=0, pretrain_steps=800, base_eval=500, out=str(out), seeds=[0],
+                              variants=["grpo"])
+    old = study.study_settings(args)
+    del old["task"]
+    (out / "study.json").write_text(json.dumps(old))
+    for d in ("base", "grpo-s0"):
+        (out / d).mkdir()
+        (out / d / "DONE").write_text("{}")
+    study.cmd_run(args)  # no refusal: every run is finished
+    with pytest.raises(SystemExit, match="other settings"):
+        study.cmd_run(argparse.Namespace(**{**vars(args), "task": "shortcut"}))
 
 
 # ---------------------------------------------------------------------------------------------
