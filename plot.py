@@ -1,8 +1,9 @@
 """Curves of a training run: `python plot.py RUN_DIR [RUN_DIR ...] [--out curves.png]`.
 
 Reads each run's metrics.jsonl (written by train.py) and draws reward and accuracy, held-out
-accuracy, policy entropy, response length and KL diagnostics against the RL step, one line per
-run. matplotlib is an optional dependency: `pip install matplotlib`.
+accuracy (pass@1, and pass@4 and pass@32 where the run sampled that many: entropy collapse shows
+as pass@32 falling while pass@1 rises), policy entropy, response length and KL diagnostics
+against the RL step, one line per run. matplotlib is an optional dependency: `pip install matplotlib`.
 """
 import argparse
 import json
@@ -10,7 +11,8 @@ import os
 
 PANELS = [  # (title, [(metric, label suffix)])
     ("reward / train accuracy", [("reward/mean", "reward"), ("reward/accuracy", "accuracy")]),
-    ("held-out accuracy", [("eval/accuracy", "")]),
+    ("held-out accuracy and pass@k", [("eval/accuracy", "pass@1"), ("eval/pass@4", "pass@4"),
+                                      ("eval/pass@32", "pass@32")]),
     ("policy entropy (nats/token)", [("actor/entropy", "")]),
     ("response length (tokens)", [("response/length_mean", "")]),
     ("KL", [("actor/kl_old", "to pi_old"), ("actor/kl_ref", "to pi_ref"),

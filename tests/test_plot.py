@@ -41,3 +41,25 @@ def test_reward_and_accuracy_both_show_when_equal(tmp_path):
     assert (reward.get_linestyle(), reward.get_linewidth()) != (accuracy.get_linestyle(),
                                                                 accuracy.get_linewidth())
     plt.close("all")
+
+
+def test_held_out_pass_at_k_is_drawn_beside_pass_at_1(tmp_path):
+    """Entropy collapse shows as held-out pass@32 falling while pass@1 rises: both are drawn, and
+    a run that sampled one answer a problem (no pass@k) draws pass@1 alone."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    run, one = tmp_path / "run", tmp_path / "one"
+    run.mkdir(), one.mkdir()
+    rows = [{"step": s, "eval/accuracy": 0.6 + 0.05 * s, "eval/pass@4": 0.9 - 0.01 * s,
+             "eval/pass@32": 0.99 - 0.03 * s} for s in (0, 1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (one / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": 0.5}) + "\n")
+    plot.main([str(run), "--out", str(tmp_path / "c.png")])
+    lines = {l.get_label(): list(l.get_ydata()) for l in plt.gcf().axes[1].get_lines()}
+    want = {"pass@1": [0.6, 0.65, 0.7], "pass@4": [0.9, 0.89, 0.88], "pass@32": [0.99, 0.96, 0.93]}
+    assert lines.keys() == want.keys()
+    assert all(lines[k] == pytest.approx(want[k]) for k in want)
+    plt.close("all")
+    plot.main([str(one), "--out", str(tmp_path / "d.png")])
+    assert [l.get_label() for l in plt.gcf().axes[1].get_lines()] == ["pass@1"]
+    plt.close("all")
