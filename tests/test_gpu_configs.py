@@ -4,11 +4,14 @@ chat template and generation_config), the data (data.py fetch's MATH train set a
 MATH-500) and the sizes (steps, prompts, tokens). Everything else as configured: the chat
 template, activation checkpointing, bf16 sampling, the method's preset, the evaluation schedule.
 
-One config per loss family runs 2 RL steps on 2 ranks with vLLM, saves, resumes for a third step,
-and eval.py judges the result: grpo (token ratio, the reference model and its KL term) and dapo
-(token ratio, dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the covariance
+One config per loss family runs 2 RL steps on 2 ranks with vLLM and saves: grpo (token ratio, the
+reference model and its KL term; it also resumes for a third step, which rebuilds the reference),
+dapo (token ratio, dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the covariance
 selection over the mini-batch on both ranks, from its extra forward pass); tepo (sequence ratio,
-the KL mask) is trained and evaluated by tests/test_paper_path.py, on the data data.py fetches.
+the KL mask) is trained, and eval.py judges its checkpoints with the real tokenizer, by
+tests/test_paper_path.py, on the data data.py fetches. A resume or an evaluation has no code of
+its own per method (checkpoint.py, runs.py; eval.py reads the method for its label only), so one
+config resumes here and one is evaluated there.
 The others (drgrpo, gspo; clipcov, whose selection differs from klcov's only inside tepo.py)
 differ from these only inside tepo.policy_loss (aggregation, advantages, the selection's rule),
 which tests/test_tepo.py and tests/test_cov_losses.py check token by token: for them, and for every config, the
@@ -62,7 +65,7 @@ def test_every_gpu_config_resolves_to_its_method_with_the_shared_settings(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", RUN)
-def test_gpu_config_runs_resumes_and_evaluates(method, qwen_model, tmp_path):
+def test_gpu_config_runs_and_resumes(method, qwen_model, tmp_path):
     evals = tmp_path / "math500_slice.jsonl"
     with open(os.path.join(DATA_DIR, "math500.jsonl")) as f:
         evals.write_text("".join(f.readlines()[:6]))
@@ -75,28 +78,26 @@ def test_gpu_config_runs_resumes_and_evaluates(method, qwen_model, tmp_path):
     # the update runs (with the real grader every reward would be 0 and every advantage too).
     patched = [os.path.join(ROOT, "tests", "train_patched.py"), "--parity-reward", "--"]
     torchrun(*patched, "--config", config, *sets)
-    torchrun(*patched, "--config", config, *sets, "--set", "steps=3", "--resume")
+    last = 2
+    if method == "grpo":  # the resume: see the docstring
+        torchrun(*patched, "--config", config, *sets, "--set", "steps=3", "--resume")
+        last = 3
 
     rows = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == list(range(last + 1))
     for r in rows[1:]:
         assert r["response/length_max"] <= 24 and r["actor/optimizer_steps"] > 0
         assert r["actor/grad_norm"] > 0
         assert r["mismatch/abs_mean"] < 0.05 and 0 <= r["actor/kl_old"] < 0.05  # bf16 sampler, fp32 trainer
-    state = json.load(open(out_dir / "step_000003" / "trainer_state.json"))
-    assert state["step"] == 3 and state["data_pos"] >= 3 * 2
-    assert os.path.realpath(out_dir / "final") == str(out_dir / "step_000003")
-    with open(out_dir / "step_000003" / "train_config.yaml") as f:
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]  # MATH prompts fit: none dropped
+    assert "eval/dropped_long_prompts" not in rows[0]
+    state = json.load(open(out_dir / f"step_{last:06d}" / "trainer_state.json"))
+    assert state["step"] == last and state["data_pos"] >= last * 2
+    assert os.path.realpath(out_dir / "final") == str(out_dir / f"step_{last:06d}")
+    with open(out_dir / f"step_{last:06d}" / "train_config.yaml") as f:
         text = f.read()
     assert f"method: {method}" in text and "activation_checkpointing: true" in text
     assert "dtype: bfloat16" in text and "prompt_template: null" in text
-
-    results = tmp_path / "eval" / "results.json"
-    subprocess.run([sys.executable, "eval.py", "--ckpt", str(out_dir / "final"), "--data", str(evals),
-                    "-n", "2", "--max-new-tokens", "16", "--out", str(results)],
-                   cwd=ROOT, capture_output=True, text=True, timeout=600, check=True)
-    got = json.load(open(results))["benchmarks"]["math500_slice"]
-    assert got["problems"] == 6 and got["n"] == 2 and got["prompt_too_long"] == 0
 
 
 def test_the_7b_config_is_the_1p5b_setting_with_the_7b_model():
