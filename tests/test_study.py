@@ -363,13 +363,18 @@ def study_cmd(*args):
     return [sys.executable, os.path.join(ROOT, "bench", "study.py"), *args]
 
 
+# The runner is under test, not the engine: transformers' generate starts in a fraction of vLLM's
+# time (vLLM's sampling is tested by tests/test_rollout.py and every end-to-end training test).
+SMOKE_RUN = ("--smoke", "--set", "backend=hf")
+
+
 @pytest.mark.slow
 def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "smoke"
     # 1. start the study and kill it (the runner and its train.py) once a run has a checkpoint
     #    and before it finishes: the smoke runs save every step, so step 1's is the signal
-    proc = subprocess.Popen(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT,
+    proc = subprocess.Popen(study_cmd("run", *SMOKE_RUN, "--out", str(out)), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     first = out / "grpo-s0"
     deadline = time.time() + 900
@@ -382,7 +387,7 @@ def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(t
     assert not (first / "DONE").exists(), "the run finished before the kill: nothing to resume"
     assert (out / "base" / "DONE").exists()
     # 2. run again: the killed run resumes from its checkpoint, the other one runs from scratch
-    done = subprocess.run(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT, capture_output=True,
+    done = subprocess.run(study_cmd("run", *SMOKE_RUN, "--out", str(out)), cwd=ROOT, capture_output=True,
                           text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[skip] " + str(out / "base") in done.stdout
@@ -401,7 +406,7 @@ def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(t
     assert all(r["actor/log_ratio_max"] == r["actor/log_ratio_p999"] == 0 for r in grpo[1:]), grpo
     # 3. run again: nothing is redone
     stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*-s0/*.jsonl")}
-    again = subprocess.run(study_cmd("run", "--smoke", "--out", str(out)), cwd=ROOT, capture_output=True,
+    again = subprocess.run(study_cmd("run", *SMOKE_RUN, "--out", str(out)), cwd=ROOT, capture_output=True,
                            text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("[skip]") == 3, again.stdout + again.stderr
     assert "[run]" not in again.stdout
