@@ -1,7 +1,8 @@
 """Beyond Qwen2: Qwen3, Llama 3 and Gemma 3 through the whole stack, on tiny random models made from
 a config (tests/architectures.py): packed log-probs equal each sequence's own forward; vLLM samples
-what the trainer scores, before and after a weight sync; two RL steps on 2 ranks; a resume equal
-to the uninterrupted run; eval.py on the checkpoint; the chat template's end of turn."""
+what the trainer scores, before and after a weight sync; two RL steps on 2 ranks; the checkpoint's
+config and weights; a resume equal to the uninterrupted run (Gemma 3's); eval.py on the
+checkpoint; the chat template's end of turn."""
 import json
 import os
 
@@ -36,9 +37,11 @@ def test_packed_logprobs_equal_each_sequences_own_forward(tmp_path, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_rl_steps_resume_and_eval(tmp_path, arch):
     """Two RL steps on 2 ranks with vLLM: the sampler's log-probs are the trainer's at step 1 and
-    after the weight sync at step 2 (mismatch/abs_mean, fp32); the weights move; a run resumed from
-    step 1 ends as the uninterrupted one; eval.py reads the checkpoint. Gemma 3 with its chat
-    template (prompts built by it, <end_of_turn> a stop token)."""
+    after the weight sync at step 2 (mismatch/abs_mean, fp32); the weights move; the checkpoint
+    holds the architecture's config and every weight of its shape; eval.py reads it. Gemma 3 with
+    its chat template (prompts built by it, <end_of_turn> a stop token), and a run resumed from its
+    step 1 ends as the uninterrupted one (one architecture's resume: checkpoint.py has no code per
+    architecture, and each launch costs ~30 s)."""
     chat = arch == "gemma3"
     model = make_arch_model(str(tmp_path / "model"), arch, chat=chat)
     common = dict(steps=2, save_every=1, keep_last=0, num_minibatches=1, lr=1e-2,
@@ -51,14 +54,27 @@ def test_rl_steps_resume_and_eval(tmp_path, arch):
     for r in ma:
         assert r["mismatch/abs_mean"] < 1e-5, (r["step"], r["mismatch/abs_mean"])
     assert ma[1]["actor/grad_norm"] > 0 and ma[1]["actor/optimizer_steps"] == 1
-    # Step 2 again, resumed from the run's step-1 checkpoint (a branch into an out_dir of its own,
-    # one launch fewer than a run of one step then --resume): the same step 2.
-    cfg_b, out_b = setup_run(tmp_path, model, "resumed", **common)
-    run(cfg_b, "--resume", os.path.join(out_a, "step_000001"), nproc=2, patch=noisy)
-    mb = metrics(out_b)[-1]
-    assert mb["step"] == 2 and ma[1].keys() == mb.keys()
-    for k in ma[1]:
-        assert ma[1][k] == pytest.approx(mb[k], rel=1e-6, abs=1e-9), k
+    # The checkpoint: the architecture's own config keys (Llama's rope scaling, Gemma's window and
+    # layer types) and every weight, of its shape, as the model was made.
+    import transformers
+    from safetensors.torch import load_file
+    made, saved = (transformers.AutoConfig.from_pretrained(p).to_dict()
+                   for p in (model, os.path.join(out_a, "step_000001")))
+    for key in ("model_type", "rope_scaling", "rope_parameters", "sliding_window", "layer_types",
+                "head_dim", "tie_word_embeddings"):
+        assert made.get(key) == saved.get(key), key
+    shapes = [{k: v.shape for k, v in load_file(os.path.join(p, "model.safetensors")).items()}
+              for p in (model, os.path.join(out_a, "step_000001"))]
+    assert shapes[0] == shapes[1]
+    if arch == "gemma3":
+        # Step 2 again, resumed from the run's step-1 checkpoint (a branch into an out_dir of its
+        # own, one launch fewer than a run of one step then --resume): the same step 2.
+        cfg_b, out_b = setup_run(tmp_path, model, "resumed", **common)
+        run(cfg_b, "--resume", os.path.join(out_a, "step_000001"), nproc=2, patch=noisy)
+        mb = metrics(out_b)[-1]
+        assert mb["step"] == 2 and ma[1].keys() == mb.keys()
+        for k in ma[1]:
+            assert ma[1][k] == pytest.approx(mb[k], rel=1e-6, abs=1e-9), k
     import eval as ev
     bench = tmp_path / "held_out.jsonl"
     bench.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
