@@ -24,6 +24,20 @@ PANELS = [  # (title, [(metric, label suffix)])
 STYLES = {"reward/mean": dict(lw=4, alpha=0.45), "reward/accuracy": dict(ls="--", lw=1.5)}
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def run_names(dirs):
+    """Each run's label: its directory's name, or as much of its path as tells it from the others
+    (runs/a/final and runs/b/final are "a/final" and "b/final")."""
+    parts = [os.path.normpath(os.path.abspath(d)).split(os.sep) for d in dirs]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = [os.sep.join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{n} ({i})" for i, n in enumerate(names)]  # the same directory given twice
+
+
 def read_metrics(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
@@ -48,16 +62,23 @@ def main(argv=None):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("plot.py needs matplotlib: pip install matplotlib") from None
-    runs = {os.path.basename(os.path.normpath(d)): read_metrics(d) for d in args.runs}
+    runs = {name: read_metrics(d) for name, d in zip(run_names(args.runs), args.runs)}
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (title, keys) in zip(axes.flat, PANELS):
-        for name, rows in runs.items():
-            for key, suffix in keys:
+        for i, (name, rows) in enumerate(runs.items()):
+            for j, (key, suffix) in enumerate(keys):
                 x, y = series(rows, key)
                 if x:
                     label = " ".join(p for p in (name if len(runs) > 1 else "", suffix) if p)
+                    # one run: a colour per metric; several: a colour per run, in every panel,
+                    # and a line style per metric
+                    style = {"color": colours[(j if len(runs) == 1 else i) % len(colours)]}
+                    if len(runs) > 1:
+                        style["ls"] = LINE_STYLES[j % len(LINE_STYLES)]
+                    style.update(STYLES.get(key, {}))
                     ax.plot(x, y, marker="o" if len(x) < 30 else None, ms=3, label=label or None,
-                            **STYLES.get(key, {}))
+                            **style)
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

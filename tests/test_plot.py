@@ -63,3 +63,29 @@ def test_held_out_pass_at_k_is_drawn_beside_pass_at_1(tmp_path):
     plot.main([str(one), "--out", str(tmp_path / "d.png")])
     assert [l.get_label() for l in plt.gcf().axes[1].get_lines()] == ["pass@1"]
     plt.close("all")
+
+
+def test_several_runs_keep_one_colour_each_and_their_own_names(tmp_path):
+    """With several runs a run has one colour in every panel (the metrics of a panel differ by line
+    style), and runs whose directories share a name (a/final, b/final) are told apart."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    dirs = []
+    for parent in ("a", "b"):
+        run = tmp_path / parent / "final"
+        run.mkdir(parents=True)
+        rows = [{"step": s, "eval/accuracy": 0.5, "eval/pass@32": 0.9, "actor/entropy": 0.1,
+                 "response/length_mean": 30} for s in (0, 1, 2)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        dirs.append(str(run))
+    plot.main([*dirs, "--out", str(tmp_path / "c.png")])
+    axes = plt.gcf().axes
+    colour = {}
+    for ax in (axes[1], axes[2], axes[3]):  # held-out, entropy, length
+        for line in ax.get_lines():
+            run = line.get_label().split(" ")[0]
+            assert colour.setdefault(run, line.get_color()) == line.get_color(), (ax.get_title(), run)
+    assert set(colour) == {"a/final", "b/final"} and colour["a/final"] != colour["b/final"]
+    styles = {line.get_label(): line.get_linestyle() for line in axes[1].get_lines()}
+    assert styles["a/final pass@1"] != styles["a/final pass@32"]
+    plt.close("all")
