@@ -306,6 +306,21 @@ def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
     assert lo[0] < mean[0] < hi[0]
 
 
+def test_a_smoke_studys_report_gives_the_command_that_made_it(synthetic_study, tmp_path):
+    """A smoke study run with a --set of its own is reproduced with it (without the smoke's own
+    settings, which --smoke adds): the command the report prints is one `run` accepts on that OUT."""
+    settings = json.loads((synthetic_study / "study.json").read_text())
+    settings.update(smoke=True, set=study.SMOKE["set"] + ["backend=hf"])
+    (synthetic_study / "study.json").write_text(json.dumps(settings))
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir()
+    doc.write_text("<!-- generated: begin -->\n<!-- generated: end -->\n")
+    study.main(["report", "--out", str(synthetic_study), "--threshold", "0.6", "--doc", str(doc)])
+    command = next(line for line in doc.read_text().splitlines() if line.startswith("Reproduce:"))
+    assert f"run --out {synthetic_study} --task chain --smoke --set backend=hf &&" in command, command
+    assert "save_every" not in command
+
+
 def test_report_refuses_a_doc_without_markers(synthetic_study, tmp_path):
     doc = tmp_path / "R.md"
     doc.write_text("# no markers\n")
@@ -424,5 +439,5 @@ def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(t
     assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
     text = doc.read_text()
     assert text.startswith("hand\n") and "| grpo | 1 |" in text and "| tepo | 1 |" in text
-    assert "python bench/study.py run --out" in text and "--smoke" in text
+    assert "python bench/study.py run --out" in text and "--smoke --set backend=hf" in text
     assert (doc.parent / "study_eval_accuracy.png").exists() and (doc.parent / "study_pass_at_k.png").exists()
