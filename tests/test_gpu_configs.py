@@ -11,7 +11,8 @@ selection over the mini-batch on both ranks, from its extra forward pass); tepo 
 the KL mask) is trained, and eval.py judges its checkpoints with the real tokenizer, by
 tests/test_paper_path.py, on the data data.py fetches. A resume or an evaluation has no code of
 its own per method (checkpoint.py, runs.py; eval.py reads the method for its label only), so one
-config resumes here and one is evaluated there.
+config resumes here and one is evaluated there; what a resume checks of the config does depend on
+the method (config.run_values: the preset), and every config's round trip is checked below.
 The others (drgrpo, gspo; clipcov, whose selection differs from klcov's only inside tepo.py)
 differ from these only inside tepo.policy_loss (aggregation, advantages, the selection's rule),
 which tests/test_tepo.py and tests/test_cov_losses.py check token by token: for them, and for every config, the
@@ -98,6 +99,31 @@ def test_gpu_config_runs_and_resumes(method, qwen_model, tmp_path):
         text = f.read()
     assert f"method: {method}" in text and "activation_checkpointing: true" in text
     assert "dtype: bfloat16" in text and "prompt_template: null" in text
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_gpu_config_resumes_as_itself(path, tmp_path):
+    """What a checkpoint records of the config (train_config.yaml, as checkpoint.py writes it) reads
+    back as the same run, method preset and loss keys included, for every config: the resume check
+    (runs.resumed_config) lets each resume with its own file and more steps, and refuses another
+    method's file. (The resume itself, which has no code per method, runs in
+    test_gpu_config_runs_and_resumes[grpo].)"""
+    import yaml
+    import config
+    import runs
+    import train
+    cfg = train.load_config(path)
+    ckpt = tmp_path / "step_000001"
+    ckpt.mkdir()
+    (ckpt / "train_config.yaml").write_text(yaml.safe_dump(config.config_dict(cfg)))
+    (ckpt / "trainer_state.json").write_text('{"step": 1}')
+    assert runs.resumed_config(str(ckpt), cfg, allow_change=False) == {}
+    longer = train.load_config(path, [f"steps={cfg.steps + 100}"])  # free: the schedule is constant
+    assert cfg.lr_schedule == "constant"
+    assert runs.resumed_config(str(ckpt), longer, allow_change=False) == {"steps": [cfg.steps, cfg.steps + 100]}
+    other = "grpo" if cfg.method != "grpo" else "dapo"
+    with pytest.raises(train.UserError, match="changes what defines the run"):
+        runs.resumed_config(str(ckpt), train.load_config(path, [f"method={other}"]), allow_change=False)
 
 
 def test_the_7b_config_is_the_1p5b_setting_with_the_7b_model():

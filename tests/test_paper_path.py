@@ -5,7 +5,7 @@ Qwen2 with the real tokenizer, the sizes made small), `eval.py --preset paper` o
 of each of the seven benchmarks, and `eval.py --table` over the two checkpoints' results.
 
 This also stands for tepo in tests/test_gpu_configs.py's dry runs (the tepo config, trained and
-evaluated); grpo and dapo run there.
+evaluated); grpo, dapo and klcov run there, and eval.py judges a math1.5b checkpoint only here.
 """
 import json
 import os
