@@ -1,7 +1,7 @@
 """The studies: TEPO against the baselines on a task the project makes, with CIs over seeds.
 
     python bench/study.py run --out runs/study --seeds 0 1 2 3 --steps 150
-    python bench/study.py report --out runs/study --threshold 0.6
+    python bench/study.py report --out runs/study
     python bench/study.py run --smoke --out /tmp/smoke && python bench/study.py report --out /tmp/smoke --doc /tmp/R.md
 
 `--task` names the task: `chain` (the loss study, the default) or `shortcut` (the entropy study,
@@ -38,7 +38,10 @@ effect between two variants resamples the seeds they share, the same resample fo
 The verdict rule (docs/RESULTS.md's hypotheses, in `verdict`): each claim names the side of a null
 value (0 for a difference, 1 for a ratio) its effect should lie on. *supported* if the 95% CI lies
 entirely on that side, *refuted* if it lies entirely on the other side, otherwise *not separable at
-this scale*. For C1's ratio the report also says whether the CI contains 0.5 ("about half").
+this scale*. A comparison the task's hypotheses call two-sided (TWO_SIDED: the entropy study's
+against the entropy-control baselines) reads *TEPO higher*, *TEPO lower* or not separable. For the
+loss study's C1 ratio the report also says whether the CI contains 0.5 ("about half"). C1's
+threshold is the task's (THRESHOLD) unless `--threshold` names another.
 Beside each verdict, a cross-check (`t_interval`): the same rule on Student's t 95% interval of the
 mean per-seed difference, since a percentile bootstrap over a handful of seeds is too narrow. The
 pass@4 rows of C2 are supplementary: added after the pilot showed pass@32 already at 1.00.
@@ -269,12 +272,15 @@ def t_interval(x, y):
 
 def verdict(lo, hi, null, side):
     """The claim says the effect lies `side` ("above" or "below") of `null`. supported: the CI
-    [lo, hi] lies entirely on that side; refuted: entirely on the other; else not separable."""
-    if side not in ("above", "below"):
-        raise ValueError(f"side must be 'above' or 'below', got {side!r}")
+    [lo, hi] lies entirely on that side; refuted: entirely on the other; else not separable.
+    side "either" (a two-sided comparison, TEPO minus the other): TEPO higher or lower."""
+    if side not in ("above", "below", "either"):
+        raise ValueError(f"side must be 'above', 'below' or 'either', got {side!r}")
     if np.isnan(lo) or np.isnan(hi):
         return "no data"
     above, below = lo > null, hi < null
+    if side == "either":
+        return "TEPO higher" if above else "TEPO lower" if below else "not separable at this scale"
     if (above and side == "above") or (below and side == "below"):
         return "supported"
     if above or below:
@@ -393,6 +399,14 @@ CLAIMS = [
 ]
 
 
+# Per task, as its hypotheses in docs/RESULTS.md were written: the accuracy of C1's steps to
+# threshold, and the baselines TEPO is compared with two-sided (the entropy study asks whether
+# TEPO differs from the entropy-control methods; the loss study's re-run asked, one-sided, the C2
+# question of them).
+THRESHOLD = {"chain": 0.6, "shortcut": 0.8}
+TWO_SIDED = {"chain": (), "shortcut": ("clipcov", "klcov", "grpo-ent")}
+
+
 def load_study(out):
     """{variant: {seed: rows}} of the finished runs in OUT, and the study's settings."""
     with open(os.path.join(out, "study.json")) as f:
@@ -406,12 +420,16 @@ def load_study(out):
     return {v: runs[v] for v in sorted(runs, key=order.index)}, settings
 
 
-def claims_table(summaries):
-    """One row per claim present in the data: effect, CI, verdict, seeds, per-seed values."""
+def claims_table(summaries, task="chain"):
+    """One row per claim present in the data: effect, CI, verdict, seeds, per-seed values. The
+    task sets which comparisons are two-sided (TWO_SIDED) and whether C1's ratio is read against
+    the paper's "about half" (the loss study's hypothesis; the entropy study has none)."""
     rows = []
     for cid, what, a, b, key, kind, side in CLAIMS:
         if a not in summaries or b not in summaries:
             continue
+        if b in TWO_SIDED[task]:
+            side = "either"
         seeds = sorted(set(summaries[a]) & set(summaries[b]))
         x = [summaries[a][s].get(key, np.nan) for s in seeds]
         y = [summaries[b][s].get(key, np.nan) for s in seeds]
@@ -423,7 +441,7 @@ def claims_table(summaries):
         t_est, t_lo, t_hi = t_interval(x, y)
         tv = verdict(t_lo, t_hi, 0.0, side) if len(seeds) >= 2 else "no CI from one seed"
         note = ""
-        if kind == "ratio" and v not in ("no data", "no CI from one seed"):
+        if kind == "ratio" and task == "chain" and v not in ("no data", "no CI from one seed"):
             note = "CI contains 0.5" if lo <= 0.5 <= hi else "CI excludes 0.5"
         rows.append({"id": cid, "what": what, "effect": effect, "lo": lo, "hi": hi, "verdict": v,
                      "seeds": seeds, "x": x, "y": y, "kind": kind, "side": side, "null": null, "note": note,
@@ -568,8 +586,12 @@ def plot_curves(runs, docs_dir, threshold=None, task="chain"):
 
 def premise_lines(settings, summaries):
     """The entropy study's premise, first in its report (not the chain study's: it has none)."""
-    if settings.get("task", "chain") == "chain" or "grpo" not in summaries:
+    if settings.get("task", "chain") == "chain":
         return []
+    if "grpo" not in summaries:
+        return ["### The premise: does GRPO collapse, at a price?", "",
+                "**It cannot be read: the study has no finished GRPO run.** Every claim below is "
+                "tested on a task whose collapse is not shown.", ""]
     rows = premise_table(summaries["grpo"])
     return ["### The premise: does GRPO collapse, at a price?", "",
             "GRPO's runs, mean over seeds with the bootstrap 95% CI and Student's t interval. The premise "
@@ -581,6 +603,7 @@ def premise_lines(settings, summaries):
 
 def report_lines(out, runs, settings, threshold, pngs, command):
     """The generated part of docs/RESULTS.md, as lines."""
+    task = settings.get("task", "chain")
     summaries = {v: {s: run_summary(rows, settings["steps"], threshold) for s, rows in seeds.items()}
                  for v, seeds in runs.items()}
     cpu, wall = cpu_totals(out, runs)
@@ -641,11 +664,13 @@ def report_lines(out, runs, settings, threshold, pngs, command):
           "*not separable at this scale*. A run that never reaches the threshold counts as its length. "
           "Cross-check: the same rule on Student's t 95% interval of the mean per-seed difference "
           "(TEPO minus the other, null 0), which does not under-cover at 4 seeds as the percentile "
-          "bootstrap does; where the two verdicts differ, the t one is the safer reading.", "",
+          "bootstrap does; where the two verdicts differ, the t one is the safer reading."
+          + (" A comparison claimed ≠ 0 is two-sided, as its hypothesis was written: *TEPO higher* or "
+             "*TEPO lower* if the CI lies above or below 0." if TWO_SIDED[task] else ""), "",
           "| claim | effect | claimed | estimate [95% CI] | verdict | t check: mean difference [95% CI], verdict "
           "| per seed (TEPO; other) |", "|---|---|---|---|---|---|---|"]
-    for c in claims_table(summaries):
-        claimed = f"{'<' if c['side'] == 'below' else '>'} {c['null']:g}"
+    for c in claims_table(summaries, task):
+        claimed = f"{ {'below': '<', 'above': '>', 'either': '≠'}[c['side']]} {c['null']:g}"
         per = "; ".join(f"s{s}: {x:.4g}, {y:.4g}" for s, x, y in zip(c["seeds"], c["x"], c["y"]))
         note = f" ({c['note']})" if c["note"] else ""
         L.append(f"| {c['id']} | {c['what'].replace('|', chr(92) + '|')} | {claimed} | {fmt(c['effect'], c['lo'], c['hi'])} | "
@@ -685,11 +710,12 @@ def cmd_report(args):
         sys.exit(f"{args.out} holds no study (no study.json): `bench/study.py run --out {args.out}` first")
     runs, settings = load_study(args.out)
     task = settings.get("task", "chain")
+    threshold = THRESHOLD[task] if args.threshold is None else args.threshold
     check_doc(args.doc, task)  # before any plot is written
     if not runs:
         sys.exit(f"no finished runs in {args.out}")
     docs_dir = os.path.dirname(os.path.abspath(args.doc))
-    pngs = plot_curves(runs, docs_dir, args.threshold, task)
+    pngs = plot_curves(runs, docs_dir, threshold, task)
     seeds = sorted({s for v in runs.values() for s in v})
     run_args = (["--task", task, "--smoke", *sum((["--set", s] for s in settings["set"][len(SMOKE["set"]):]), [])]
                 if settings["smoke"] else
@@ -698,8 +724,8 @@ def cmd_report(args):
                  "--pretrain-steps", str(settings["pretrain_steps"]), "--base-seed", str(settings["base_seed"]),
                  *sum((["--set", s] for s in settings["set"]), [])])
     command = (f"python bench/study.py run --out {args.out} {shlex.join(run_args)} && "
-               f"python bench/study.py report --out {args.out} --threshold {args.threshold:g}")
-    lines = report_lines(args.out, runs, settings, args.threshold, pngs, command)
+               f"python bench/study.py report --out {args.out} --threshold {threshold:g}")
+    lines = report_lines(args.out, runs, settings, threshold, pngs, command)
     write_generated(args.doc, lines, task)
     print("\n".join(lines))
 
@@ -726,7 +752,9 @@ def main(argv=None):
     r.add_argument("--smoke", action="store_true", help="toy size for CI (SMOKE)")
     p = sub.add_parser("report", help="tables, verdicts and plots from the finished runs")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "study"))
-    p.add_argument("--threshold", type=float, default=0.6, help="accuracy of the steps-to-threshold measure")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="accuracy of the steps-to-threshold measure (default: the task's hypothesis, "
+                        "0.6 chain, 0.8 shortcut)")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "RESULTS.md"),
                    help="rewritten between its generated markers; plots go to its directory")
     args = ap.parse_args(argv)

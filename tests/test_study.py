@@ -4,6 +4,7 @@ killed mid-way, report)."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,6 +292,48 @@ def test_another_tasks_report_has_its_own_markers_and_plots(synthetic_study, tmp
     doc.write_text(chain)  # no shortcut markers: refused, nothing drawn
     with pytest.raises(SystemExit, match="generated shortcut: begin"):
         study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
+
+
+def test_the_entropy_study_reads_its_own_hypotheses(synthetic_study, tmp_path):
+    """As docs/RESULTS.md wrote them for the shortcut task: C1 at 0.8 unless told otherwise, TEPO
+    against the entropy-control baselines two-sided, no "about half" note on C1, and a study
+    without GRPO says its premise cannot be read (it said nothing)."""
+    settings = json.loads((synthetic_study / "study.json").read_text())
+    (synthetic_study / "study.json").write_text(json.dumps({**settings, "task": "shortcut"}))
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("<!-- generated shortcut: begin -->\n<!-- generated shortcut: end -->\n")
+    study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
+    text = doc.read_text()
+    assert "--threshold 0.8`" in text and "steps to 80%, training batch" in text
+    rows = {ln.split(" | ")[1]: ln.split(" | ") for ln in text.splitlines() if ln.startswith("| C")}
+    # the fixture's TEPO ends with entropy 0.3 against Clip-Cov's 0.15: higher, not "supported"
+    assert rows["final entropy, TEPO - Clip-Cov"][2:5:2] == ["≠ 0", "**TEPO higher**"]
+    assert rows["final entropy, TEPO - Clip-Cov"][5].endswith(", TEPO higher")  # the t check too
+    assert rows["final entropy, TEPO - GRPO"][2:5:2] == ["> 0", "**supported**"]  # one-sided as written
+    assert "excludes 0.5" not in text and "contains 0.5" not in text
+    # the same runs as a chain study keep the loss study's one-sided reading and its 0.5 note
+    chain = {v: {s: {"entropy_final": e, "steps_to_thr": 10} for s, e in enumerate(ents)}
+             for v, ents in {"tepo": [0.1, 0.11, 0.1, 0.12], "clipcov": [0.3, 0.31, 0.3, 0.32],
+                             "grpo": [0.3] * 4}.items()}
+    one_sided = {c["what"]: c for c in study.claims_table(chain)}
+    assert one_sided["final entropy, TEPO - Clip-Cov"]["verdict"] == "refuted"
+    assert one_sided["steps to threshold, TEPO / GRPO"]["note"] == "CI excludes 0.5"
+    two = {c["what"]: c for c in study.claims_table(chain, "shortcut")}
+    assert two["final entropy, TEPO - Clip-Cov"]["verdict"] == "TEPO lower"
+    assert two["steps to threshold, TEPO / GRPO"]["note"] == ""
+    # a premise against its side does not hold; without GRPO's runs it cannot be read
+    flat = {s: {"entropy_final": 0.9, "entropy_start": 1.0, "pass@32": 0.9 + 0.01 * s, "pass@32_start": 0.8,
+                "pass@1": 0.6, "pass@1_start": 0.5} for s in range(4)}
+    assert study.premise_status(study.premise_table(flat)) == "it does not hold"
+    for run in synthetic_study.glob("grpo-s*"):
+        shutil.rmtree(run)
+    study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
+    assert "It cannot be read: the study has no finished GRPO run" in doc.read_text()
+
+
+def test_verdict_either_side():
+    assert [study.verdict(lo, hi, 0, "either") for lo, hi in [(0.1, 0.2), (-0.2, -0.1), (-0.1, 0.1), (0, 0.1)]] == [
+        "TEPO higher", "TEPO lower", "not separable at this scale", "not separable at this scale"]
 
 
 def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
