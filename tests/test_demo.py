@@ -481,3 +481,12 @@ def test_every_shortcut_split_holds_the_share_without_carry_at_full_size(tmp_pat
         share = sum(not demo.carries(*_operands(r["problem"])) for r in rows) / len(rows)
         sd = (0.9 * 0.1 / len(rows)) ** 0.5
         assert abs(share - demo.SHORTCUT_NO_CARRY) < 4 * sd, (name, len(rows), share)
+
+
+def test_the_shortcut_flags_are_refused_for_another_task(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr("sys.argv", ["demo.py", "prepare", "--task", "chain", "--out", str(tmp_path / "x"),
+                                     "--glance-prob", "0.5"])
+    with pytest.raises(SystemExit):
+        demo.main()
+    assert "--glance-prob and --no-carry are the shortcut task's: add --task shortcut" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before anything is written

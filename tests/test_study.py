@@ -331,6 +331,19 @@ def test_the_entropy_study_reads_its_own_hypotheses(synthetic_study, tmp_path):
     assert "It cannot be read: the study has no finished GRPO run" in doc.read_text()
 
 
+def test_a_shortcut_study_prepares_the_shortcut_tasks_base(tmp_path, monkeypatch):
+    """run's first launch (demo.py prepare) names the study's task and its settings."""
+    launched = []
+    monkeypatch.setattr(study, "launch", lambda cmd, log: (launched.append(cmd), (0, 1.0, 1.0))[1])
+    study.prepare_base(str(tmp_path), {"task": "shortcut", "base_seed": 3, "pretrain_steps": 600, "base_eval": 500})
+    cmd = launched[0]
+    assert cmd[1].endswith("demo.py") and cmd[2:5] == ["prepare", "--task", "shortcut"]
+    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--steps") + 1] == "600"
+    assert (tmp_path / "base" / "DONE").exists()
+    study.prepare_base(str(tmp_path), {"task": "shortcut"})  # prepared: not launched again
+    assert len(launched) == 1
+
+
 def test_verdict_either_side():
     assert [study.verdict(lo, hi, 0, "either") for lo, hi in [(0.1, 0.2), (-0.2, -0.1), (-0.1, 0.1), (0, 0.1)]] == [
         "TEPO higher", "TEPO lower", "not separable at this scale", "not separable at this scale"]
