@@ -217,7 +217,7 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     # another study's plots (the shortcut task's, a hand-named one) are not this report's to remove
     for name in ["study_actor_cov_selected_frac.png", "study_shortcut_actor_entropy.png", "study_c2_entropy.png"]:
         (doc.parent / name).write_bytes(b"old")
-    study.main(["report", "--out", str(synthetic_study), "--threshold", "0.6", "--doc", str(doc)])
+    study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])  # the chain task's 0.6
     text = doc.read_text()
     assert text.startswith(hand) and text.endswith("<!-- generated: end -->\n\nA footer.\n")
     assert "old text" not in text
@@ -310,7 +310,11 @@ def test_the_entropy_study_reads_its_own_hypotheses(synthetic_study, tmp_path):
     assert rows["final entropy, TEPO - Clip-Cov"][2:5:2] == ["≠ 0", "**TEPO higher**"]
     assert rows["final entropy, TEPO - Clip-Cov"][5].endswith(", TEPO higher")  # the t check too
     assert rows["final entropy, TEPO - GRPO"][2:5:2] == ["> 0", "**supported**"]  # one-sided as written
+    assert all(rows[f"final {m}, TEPO - {b}"][2] == "≠ 0" for m in ("entropy", "pass@32")
+               for b in ("Clip-Cov", "KL-Cov", "GRPO with entropy bonus"))
     assert "excludes 0.5" not in text and "contains 0.5" not in text
+    study.main(["report", "--out", str(synthetic_study), "--doc", str(doc), "--threshold", "0.7"])
+    assert "--threshold 0.7`" in doc.read_text() and "steps to 70%, training batch" in doc.read_text()
     # the same runs as a chain study keep the loss study's one-sided reading and its 0.5 note
     chain = {v: {s: {"entropy_final": e, "steps_to_thr": 10} for s, e in enumerate(ents)}
              for v, ents in {"tepo": [0.1, 0.11, 0.1, 0.12], "clipcov": [0.3, 0.31, 0.3, 0.32],
