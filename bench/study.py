@@ -754,7 +754,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "study"))
     p.add_argument("--threshold", type=float, default=None,
                    help="accuracy of the steps-to-threshold measure (default: the task's hypothesis, "
-                        "0.6 chain, 0.8 shortcut)")
+                        + ", ".join(f"{v:g} {t}" for t, v in THRESHOLD.items()) + ")")
     p.add_argument("--doc", default=os.path.join(ROOT, "docs", "RESULTS.md"),
                    help="rewritten between its generated markers; plots go to its directory")
     args = ap.parse_args(argv)
