@@ -275,12 +275,43 @@ FREE_KEYS = ("out_dir", "eval_data", "eval_every", "eval_n", "eval_max_problems"
              "keep_last", "log_samples_every", "full_batch_metrics", "loggers", "wandb_project",
              "wandb_run_name", "max_bad_steps", "max_reward_errors", "packed_attention",
              "activation_checkpointing", "gpu_memory_utilization")
+
+
+def cosine(values):
+    """Whether the run of `values` (run_values) follows a cosine schedule."""
+    return values["lr_schedule"] == "cosine"
+
+
+def cov_on(values):
+    """Whether the run of `values` selects Clip-Cov's or KL-Cov's tokens."""
+    return values["loss.cov"] != "none"
+
+
 # The keys free only where another one cannot make them change the run: key -> whether it defines
-# the run of `values` (run_values). `steps` sets the length of a cosine schedule; how the batch is
-# cut into micro-batches sets the tokens Clip-Cov and KL-Cov select when they select per micro-batch.
-FREE_UNLESS = {"steps": lambda values: values["lr_schedule"] == "cosine",
+# the run of `values` (run_values), i.e. whether the code that reads it runs. `steps` sets the
+# length of a cosine schedule (and `min_lr_ratio` its floor); how the batch is cut into
+# micro-batches sets the tokens Clip-Cov and KL-Cov select when they select per micro-batch; the
+# others are read only by the term or the shaping that another key turns on (tepo.policy_loss,
+# train.shape, train.sample_and_grade). tests/test_config_keys.py checks each is inert where free.
+FREE_UNLESS = {"steps": cosine, "min_lr_ratio": cosine,
                "micro_batch_tokens": micro_batches_select,
-               "micro_batch_layout": micro_batches_select}
+               "micro_batch_layout": micro_batches_select,
+               "max_sampling_tries": lambda values: values["dynamic_sampling"],
+               "overlong_factor": lambda values: values["overlong_buffer"] > 0,
+               "loss.kl_kind": lambda values: values["loss.kl_coef"] > 0,
+               "loss.kl_mask_coef": lambda values: values["loss.kl_mask"],
+               "loss.kl_mask_target": lambda values: values["loss.kl_mask"],
+               "loss.is_level": lambda values: values["loss.is_correction"] != "none",
+               "loss.is_cap": lambda values: values["loss.is_correction"] != "none",
+               "loss.cov_ratio": cov_on, "loss.cov_batch": cov_on, "loss.cov_tokens": cov_on,
+               "loss.cov_lb": lambda values: values["loss.cov"] == "clip",
+               "loss.cov_ub": lambda values: values["loss.cov"] == "clip",
+               "loss.kl_cov_coef": lambda values: values["loss.cov"] == "kl",
+               # KL-Cov's loss has no clip (tepo.policy_loss): its clip range is read by no term
+               "loss.clip_low": lambda values: values["loss.cov"] != "kl",
+               "loss.clip_high": lambda values: values["loss.cov"] != "kl",
+               # Dr.GRPO's L_max: read by its aggregation alone
+               "loss.max_new_tokens": lambda values: values["loss.aggregation"] == "seq-mean-token-sum-norm"}
 
 
 def free_keys(values):

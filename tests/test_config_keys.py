@@ -1,0 +1,181 @@
+"""What defines a run, key by key (config.py's FREE_KEYS and FREE_UNLESS, the one definition a
+resume and the table's seeds read): every key of Config and of LossConfig is either free or
+defining, as listed here; a key free only where it is inert is free exactly there, and its inertness
+is checked on the code that would read it (the loss, the shaping, the schedule, the sampling loop)."""
+import dataclasses
+
+import pytest
+import torch
+import yaml
+
+import tepo
+import train
+from config import Config, config_changes, config_dict, free_keys, run_values
+
+BASE = ["model=m", "train_data=d"]
+
+
+def changes(settings, key, value):
+    """config_changes from a run saved with `settings` to the same with `key` set to `value`."""
+    saved = yaml.safe_load(yaml.safe_dump(config_dict(train.load_config(None, BASE + settings))))
+    return config_changes(saved, train.load_config(None, BASE + settings + [f"{key}={value}"]))
+
+
+# A value other than the default for every top-level key (a YAML literal, as --set takes it).
+OTHER = {"model": "m2", "train_data": "d2", "eval_data": "e.jsonl", "prompt_template": "'Q: {problem}'",
+         "out_dir": "runs/x", "seed": 1, "method": "grpo", "steps": 7, "prompts_per_step": 8,
+         "group_size": 4, "max_prompt_len": 256, "max_new_tokens": 512, "temperature": 0.7,
+         "top_p": 0.9, "num_minibatches": 2, "micro_batch_tokens": 512, "micro_batch_layout": "grouped",
+         "packed_attention": "flex", "lr": 2e-6, "lr_schedule": "cosine", "warmup_steps": 3,
+         "min_lr_ratio": 0.1, "weight_decay": 0.01, "betas": "[0.9, 0.95]", "grad_clip": 0.5,
+         "reward": "rule", "format_reward": 0.1, "no_answer_penalty": 0.5, "wrong_reward": -0.5,
+         "failed_reward": -2.0, "dynamic_sampling": "true", "max_sampling_tries": 5,
+         "overlong_buffer": 100, "overlong_factor": 2.0, "backend": "hf", "dtype": "bfloat16",
+         "train_dtype": "bfloat16", "gpu_memory_utilization": 0.8, "activation_checkpointing": "true",
+         "eval_every": 5, "eval_n": 4, "eval_max_problems": 10, "save_every": 5, "keep_last": 3,
+         "log_samples_every": 0, "full_batch_metrics": "false", "max_bad_steps": 2,
+         "reward_timeout": 2.0, "max_reward_errors": 0.5, "loggers": "[jsonl, tensorboard]",
+         "wandb_project": "p", "wandb_run_name": "n"}
+# The keys that never define a run (config.FREE_KEYS): logging, evaluation, saving, fault limits, memory.
+ALWAYS_FREE = {"out_dir", "eval_data", "eval_every", "eval_n", "eval_max_problems", "save_every",
+               "keep_last", "log_samples_every", "full_batch_metrics", "loggers", "wandb_project",
+               "wandb_run_name", "max_bad_steps", "max_reward_errors", "packed_attention",
+               "activation_checkpointing", "gpu_memory_utilization"}
+# Free on the default tepo run (constant schedule, no dynamic sampling, no overlong buffer, no
+# Clip-Cov micro-batch selection), defining elsewhere: FREE_UNLESS below.
+FREE_ON_TEPO = {"steps", "min_lr_ratio", "micro_batch_tokens", "micro_batch_layout",
+                "max_sampling_tries", "overlong_factor"}
+
+
+def test_every_key_is_free_or_defining_as_listed():
+    """Each top-level key changed alone on the default tepo run: free exactly for ALWAYS_FREE and
+    FREE_ON_TEPO, defining for every other key (top_p, temperature, reward_timeout, dtypes...).
+    A key moved into FREE_KEYS by mistake (top_p: a resume would go on silently) fails here."""
+    assert set(OTHER) == {f.name for f in dataclasses.fields(Config)} - {"loss"}, \
+        "a Config key without a value here: add it, and say whether it defines the run"
+    wrong = {}
+    for key, value in OTHER.items():
+        defining, free = changes([], key, value)
+        want_free = key in ALWAYS_FREE | FREE_ON_TEPO
+        got = key in free and key not in defining if want_free else key in defining
+        if not got:
+            wrong[key] = (defining, free)
+    assert not wrong, f"keys classified otherwise than listed: {wrong}"
+
+
+# FREE_UNLESS: key, value to change it to, settings where it is inert (free), where it acts (defining).
+FREE_UNLESS_CASES = [
+    ("steps", 7, [], ["lr_schedule=cosine"]),
+    ("min_lr_ratio", 0.1, [], ["lr_schedule=cosine"]),
+    ("micro_batch_tokens", 512, ["method=clipcov"], ["method=clipcov", "loss.cov_batch=microbatch"]),
+    ("micro_batch_layout", "grouped", ["method=klcov"], ["method=klcov", "loss.cov_batch=microbatch"]),
+    ("max_sampling_tries", 7, ["method=grpo"], ["method=dapo"]),
+    ("max_sampling_tries", 7, ["method=dapo", "dynamic_sampling=false"], ["method=grpo", "dynamic_sampling=true"]),
+    ("overlong_factor", 2.0, ["method=grpo"], ["method=dapo"]),
+    ("overlong_factor", 2.0, ["method=dapo", "overlong_buffer=0"], ["method=grpo", "overlong_buffer=8"]),
+    ("loss.kl_kind", "k1", ["method=tepo"], ["method=grpo"]),
+    ("loss.kl_kind", "k2", ["method=grpo", "loss.kl_coef=0"], ["method=tepo", "loss.kl_coef=0.01"]),
+    ("loss.kl_mask_coef", 0.5, ["method=grpo"], ["method=tepo"]),
+    ("loss.kl_mask_target", "ref", ["method=gspo"], ["method=tepo"]),
+    ("loss.is_level", "sequence", ["method=tepo"], ["method=tepo", "loss.is_correction=tis"]),
+    ("loss.is_cap", 1.05, ["method=tepo"], ["method=tepo", "loss.is_correction=mask"]),
+    ("loss.cov_ratio", 0.01, ["method=grpo"], ["method=clipcov"]),
+    ("loss.cov_batch", "microbatch", ["method=dapo"], ["method=klcov"]),
+    ("loss.cov_tokens", "all", ["method=dapo"], ["method=clipcov"]),
+    ("loss.cov_lb", 0.5, ["method=klcov"], ["method=clipcov"]),
+    ("loss.cov_ub", 9.0, ["method=klcov"], ["method=clipcov"]),
+    ("loss.kl_cov_coef", 0.1, ["method=clipcov"], ["method=klcov"]),
+    ("loss.clip_low", 0.1, ["method=klcov"], ["method=clipcov"]),
+    ("loss.clip_high", 0.1, ["method=klcov"], ["method=dapo"]),
+    ("loss.max_new_tokens", 2048, ["method=grpo"], ["method=drgrpo"]),
+]
+
+
+def test_free_unless_cases_cover_every_such_key():
+    import config
+    assert {k for k, *_ in FREE_UNLESS_CASES} == set(config.FREE_UNLESS)
+
+
+@pytest.mark.parametrize("key,value,inert,live", FREE_UNLESS_CASES,
+                         ids=[f"{c[0]}-{'-'.join(c[2]) or 'tepo'}" for c in FREE_UNLESS_CASES])
+def test_a_key_is_free_exactly_where_it_is_inert(key, value, inert, live):
+    """Changed where nothing reads it: free (a resume goes on, the table keeps the seeds
+    together). Changed where it acts: defining (a resume is refused without
+    --allow-config-change). It was defining everywhere for max_sampling_tries, overlong_factor,
+    loss.kl_mask_coef and loss.kl_kind, which contradicted the README."""
+    defining, free = changes(inert, key, value)
+    assert key in free and key not in defining, (inert, defining, free)
+    defining, free = changes(live, key, value)
+    assert key in defining, (live, defining, free)
+
+
+def loss_and_grad(lcfg, seed=0):
+    """tepo.policy_loss of one random micro-batch (every input the loss may read, a Clip-Cov /
+    KL-Cov selection included) -> (loss, gradient of logp): what a loss key can change."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = 4, 6
+    logp = (-torch.rand(B, T, generator=g) * 3).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(B, T, generator=g)
+    mask = torch.ones(B, T)
+    mask[0, 4:] = 0
+    ent = torch.rand(B, T, generator=g).requires_grad_()
+    loss, _ = tepo.policy_loss(logp, old, torch.tensor([1.0, -0.5, 0.7, -1.2]), mask, lcfg,
+                               num_tokens=22, num_seqs=4, entropy=ent, old_entropy=ent.detach() + 0.1,
+                               ref_logp=old - 0.2, rollout_logp=old + 0.1 * torch.randn(B, T, generator=g),
+                               cov_sel=torch.rand(B, T, generator=g) < 0.3)
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+@pytest.mark.parametrize("key,value,inert,live",
+                         [c for c in FREE_UNLESS_CASES if c[0].startswith("loss.")],
+                         ids=[f"{c[0]}-{'-'.join(c[2]) or 'tepo'}" for c in FREE_UNLESS_CASES
+                              if c[0].startswith("loss.")])
+def test_a_free_loss_key_changes_no_loss_and_no_gradient(key, value, inert, live):
+    """Where a loss key is free its change leaves the loss, its gradient and what the update
+    forwards (needs_ref, every_response_in_loss) exactly as they were; where it defines the run,
+    it changes the loss or the gradient (so 'free' is not merely declared)."""
+    name = key[len("loss."):]
+
+    def both(settings):
+        cfg = train.load_config(None, BASE + settings)
+        other = tepo.LossConfig(**{**cfg.loss_cfg.as_dict(), name: type(getattr(cfg.loss_cfg, name))(value)
+                                   if not isinstance(value, str) else value})
+        return cfg.loss_cfg, other
+    a, b = both(inert)
+    (la, ga), (lb, gb) = loss_and_grad(a), loss_and_grad(b)
+    assert torch.equal(la, lb) and torch.equal(ga, gb), f"{key}={value} changes the loss under {inert}"
+    assert (a.needs_ref, a.every_response_in_loss) == (b.needs_ref, b.every_response_in_loss)
+    a, b = both(live)
+    if name in ("cov_ratio", "cov_batch", "cov_tokens", "cov_lb", "cov_ub"):
+        return  # they act on the selection (train.select_cov, tepo.cov_select), made before the loss
+    (la, ga), (lb, gb) = loss_and_grad(a), loss_and_grad(b)
+    assert not (torch.equal(la, lb) and torch.equal(ga, gb)), f"{key}={value} changes nothing under {live}"
+
+
+def test_free_top_level_keys_change_no_reward_and_no_learning_rate():
+    """overlong_factor without an overlong buffer changes no shaped reward; min_lr_ratio under the
+    constant schedule (and steps) no learning rate; max_sampling_tries without dynamic sampling no
+    draw (sample_and_grade draws once: test_train_steps.py). Where they act, they do."""
+    plain = train.load_config(None, BASE + ["method=grpo"])
+    other = dataclasses.replace(plain, overlong_factor=3.0)
+    for n in (1, 500, 1024):
+        for r in (1.0, 0.0, 0.3):
+            assert train.shape(plain, r, n) == train.shape(other, r, n)
+    dapo = train.load_config(None, BASE + ["method=dapo"])
+    assert train.shape(dapo, 1.0, 1024) != train.shape(dataclasses.replace(dapo, overlong_factor=3.0), 1.0, 1024)
+    const = train.load_config(None, BASE)
+    for step in range(0, 100, 7):
+        assert train.lr_at(const, step) == train.lr_at(dataclasses.replace(const, min_lr_ratio=0.5, steps=7), step)
+    cos = train.load_config(None, BASE + ["lr_schedule=cosine"])
+    assert train.lr_at(cos, 90) != train.lr_at(dataclasses.replace(cos, min_lr_ratio=0.5), 90)
+
+
+def test_run_values_lists_every_loss_key():
+    """run_values names every LossConfig field (but method, and L_max where it follows
+    max_new_tokens), so that no loss key escapes the comparison."""
+    values = run_values(config_dict(train.load_config(None, BASE)))
+    names = {f"loss.{f.name}" for f in dataclasses.fields(tepo.LossConfig)} - {"loss.method", "loss.max_new_tokens"}
+    assert names <= set(values)
+    assert free_keys(values) >= ALWAYS_FREE
+
