@@ -231,6 +231,10 @@ def method_defaults(method, max_new_tokens):
             "wrong_reward": -1.0 if dapo else 0.0}
 
 
+# run_values' failed_reward of a run saved before the key, where the rule then differs from today's.
+BEFORE_FAILED_REWARD = "0.0 unshaped (a config saved before failed_reward existed)"
+
+
 def run_values(values):
     """A config as saved (train_config.yaml, or results.json's train_config, as a dict) -> {key:
     value} as the run uses them, so that a value written and the one a preset gives are one value
@@ -246,7 +250,12 @@ def run_values(values):
     for name, value in method_defaults(out["method"], out["max_new_tokens"]).items():
         if out[name] is None:
             out[name] = value
-    if out["failed_reward"] is None:  # as Config fills it (a run from before the key: its value then)
+    if "failed_reward" not in values and (out["wrong_reward"] or out["overlong_buffer"] or out["no_answer_penalty"]):
+        # Saved before the key existed, by a train.py that scored a failed grading call 0.0 with no
+        # shaping (until a5b778c, 2026-11-25): today's rule (a wrong answer's reward with
+        # wrong_reward and the overlong penalty) differs from it exactly here, so a resume names it.
+        out["failed_reward"] = BEFORE_FAILED_REWARD
+    if out["failed_reward"] is None:  # as Config fills it (a run from before the key: the same value)
         out["failed_reward"] = min(out["format_reward"], -out["no_answer_penalty"])
     names = {f.name for f in dataclasses.fields(tepo.LossConfig)} - {"method"}
     written = {k: v for k, v in (out.pop("loss") or {}).items() if k in names}

@@ -179,3 +179,30 @@ def test_run_values_lists_every_loss_key():
     assert names <= set(values)
     assert free_keys(values) >= ALWAYS_FREE
 
+
+@pytest.mark.parametrize("settings,matters", [
+    (["method=dapo"], True), (["method=grpo", "no_answer_penalty=0.5"], True),
+    (["method=grpo", "overlong_buffer=8"], True), (["method=tepo", "wrong_reward=-0.5"], True),
+    (["method=grpo"], False), (["method=tepo", "format_reward=0.1"], False)])
+def test_a_checkpoint_from_before_failed_reward_names_it_where_the_rule_changed(tmp_path, settings, matters):
+    """A train_config.yaml without failed_reward was written by a train.py that scored a failed
+    grading call 0.0 with no shaping; today it scores a wrong answer's reward, with wrong_reward and
+    the overlong penalty. Where these differ (DAPO's -1, an overlong buffer, a no-answer penalty,
+    a wrong_reward) the resume names failed_reward as a defining change (it saw none); where they
+    agree, nothing."""
+    from config import UserError
+    from runs import resumed_config
+    cfg = train.load_config(None, BASE + settings)
+    saved = yaml.safe_load(yaml.safe_dump(config_dict(cfg)))
+    del saved["failed_reward"]
+    defining, _ = config_changes(saved, cfg)
+    assert ("failed_reward" in defining) == matters, defining
+    if matters:
+        ckpt = tmp_path / "step_000002"
+        ckpt.mkdir()
+        (ckpt / "train_config.yaml").write_text(yaml.safe_dump(saved))
+        (ckpt / "trainer_state.json").write_text('{"step": 2}')
+        with pytest.raises(UserError, match=r"failed_reward '0\.0 unshaped \(a config saved before "
+                                            r"failed_reward existed\)' -> "):
+            resumed_config(str(ckpt), cfg, False)
+
