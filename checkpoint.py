@@ -62,6 +62,7 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
             tokenizer.save_pretrained(tmp)
             with open(os.path.join(tmp, "train_config.yaml"), "w") as f:
                 yaml.safe_dump(config_dict(cfg), f)
+            write_config_changes(cfg.out_dir, tmp)
             with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
                 json.dump(asdict(state), f)
         except OSError as e:
@@ -92,6 +93,34 @@ def save_checkpoint(cfg, model, optimizer, tokenizer, state, rank, last=False, p
             print(f"final checkpoint: {final} (also {os.path.join(cfg.out_dir, 'final')})")
     dist.barrier()
     return final
+
+
+CHANGES = "config_changes.jsonl"
+
+
+def write_config_changes(out_dir, ckpt):
+    """Copy out_dir/config_changes.jsonl (runs.record_config: what each resume changed, and after
+    which step) into the checkpoint `ckpt`, empty when nothing changed: its train_config.yaml holds
+    only the values of the last part of the run, and this record travels with it (to eval.py's
+    results.json, table.py's configurations, and a branch resumed from it)."""
+    src = os.path.join(out_dir, CHANGES)
+    lines = open(src, "rb").read() if os.path.isfile(src) else b""
+    with open(os.path.join(ckpt, CHANGES), "wb") as f:
+        f.write(lines)
+
+
+def read_config_changes(ckpt):
+    """The records of config_changes.jsonl carried by checkpoint `ckpt` (write_config_changes), a
+    list of {"step", "resumed_from", "changed": {key: [old, new]}}; None for a checkpoint written
+    before checkpoints carried it (or a model directory that is no checkpoint)."""
+    path = os.path.join(ckpt, CHANGES)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+_SAID_KEPT = set()  # the evaluated checkpoints prune_checkpoints has kept and said so
 
 
 def prune_checkpoints(out_dir, step, keep_last):

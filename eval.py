@@ -49,6 +49,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from fractions import Fraction
 
@@ -56,6 +57,7 @@ import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 
+import checkpoint
 import data
 import ranks
 from config import UserError
@@ -208,6 +210,23 @@ def train_config(ckpt):
         return {}
     with open(path) as f:
         return yaml.safe_load(f) or {}
+
+
+def config_changes_of(ckpt):
+    """What resumes changed in the run of checkpoint `ckpt` before it was saved (the records of
+    config_changes.jsonl it carries; for a checkpoint written before checkpoints carried them, the
+    lines of its out_dir's file before its step): [] for a run that never changed, so that
+    table.py never averages a run trained under two configurations as a seed of either."""
+    carried = checkpoint.read_config_changes(ckpt)
+    if carried is not None:
+        return carried
+    real = os.path.realpath(ckpt)
+    path = os.path.join(os.path.dirname(real), checkpoint.CHANGES)
+    if not (os.path.isfile(path) and re.fullmatch(r"step_\d+", os.path.basename(real))):
+        return []
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return [r for r in lines if r["step"] < checkpoint.step_of(real)]
 
 
 def context_length(ckpt):
@@ -678,6 +697,7 @@ def main(argv=None):
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
            "train_config": cfg,  # table.py averages seeds of one configuration only
+           "config_changes": config_changes_of(args.ckpt) if cfg else [],  # ... and a changed run is its own
            "protocol": proto,
            "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},

@@ -12,7 +12,7 @@ import time
 import torch.distributed as dist
 import yaml
 
-from checkpoint import list_checkpoints, step_of
+from checkpoint import CHANGES, list_checkpoints, step_of
 from config import UserError, config_changes, config_dict
 
 
@@ -159,12 +159,18 @@ def record_config(cfg, ckpt, step, changes):
     """Put the run's config on record in out_dir: config.yaml, the config its records start with
     (written at step 0, or by a branch into a new out_dir; a resume never rewrites it), and
     config_changes.jsonl, one line per resume that changed a key: {"step": the checkpoint's step,
-    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}; a resume from
-    step K drops the lines of K and later (of a branch it replaces, or of this resume's first try)."""
-    path, changed = os.path.join(cfg.out_dir, "config.yaml"), os.path.join(cfg.out_dir, "config_changes.jsonl")
+    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}. A resume starts
+    from the record its checkpoint carries (checkpoint.write_config_changes: a branch keeps the
+    changes of the run it branches off); from a checkpoint older than that record, from out_dir's
+    lines before step K (dropping those of a branch it replaces, or of this resume's first try)."""
+    path, changed = os.path.join(cfg.out_dir, "config.yaml"), os.path.join(cfg.out_dir, CHANGES)
     if not ckpt and os.path.exists(changed):
         os.remove(changed)
-    if ckpt and os.path.exists(changed):
+    carried = os.path.join(ckpt, CHANGES) if ckpt else None
+    if carried and os.path.isfile(carried):
+        if os.path.realpath(carried) != os.path.realpath(changed):
+            shutil.copyfile(carried, changed)
+    elif ckpt and os.path.exists(changed):
         cut_back_log(changed, step - 1)
     if ckpt and changes:
         with open(changed, "a") as f:

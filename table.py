@@ -73,7 +73,7 @@ def seed_cells(runs):
     return out
 
 
-def configuration(cfg, ckpt):
+def configuration(cfg, ckpt, changes=()):
     """What makes the runs of one configuration seeds of it, from a training config
     (train_config.yaml, as results.json records it) and its checkpoint `ckpt`: what defines the run
     (config.defining_values, the definition a resume checks too) but its seed; and `steps` too for
@@ -81,9 +81,20 @@ def configuration(cfg, ckpt):
     one configuration may differ in where they are written and what cannot change them (eval_every,
     loggers, micro_batch_tokens unless Clip-Cov or KL-Cov select per micro-batch), and only those
     are averaged: a method's name alone would merge grpo with grpo and an entropy bonus, or the runs
-    of a learning-rate sweep."""
+    of a learning-rate sweep.
+
+    `changes`: what resumes with --allow-config-change changed on the way (results.json's
+    config_changes, in order): train_config.yaml holds the last values only, so a defining key that
+    changed takes the value "old→new at step K" (`lr=1e-06→2e-06 at step 250`), and the run is a
+    configuration of its own, never a seed of the runs trained at either value throughout."""
     out = defining_values(cfg)
     del out["seed"]
+    history = {}
+    for record in changes or ():
+        for key, (old, new) in record["changed"].items():
+            if key in out:
+                history[key] = f"{history.get(key, old)}→{new} at step {record['step']}"
+    out.update(history)
     if not re.fullmatch(r"step_\d+", os.path.basename(ckpt)):
         out["steps"] = run_values(cfg)["steps"]
     return out
@@ -195,7 +206,7 @@ def write_table(paths, out=None):
     configs = []
     for path, r in zip(paths, results):
         try:
-            configs.append(configuration(r["train_config"], r.get("ckpt") or path)
+            configs.append(configuration(r["train_config"], r.get("ckpt") or path, r.get("config_changes"))
                            if r.get("train_config") else None)
         except UserError as e:
             raise UserError(f"--table: {path}: its training {e}") from None

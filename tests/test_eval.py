@@ -24,6 +24,7 @@ TEMPLATE = "Q: {problem}\nA: "
 
 # ----------------------------------------------------------------------------- pass@k, maj@k
 
+
 def brute_pass_at_k(n, c, k):
     """The fraction of all k-subsets of n samples (c of them correct) holding a correct one."""
     flags = [1] * c + [0] * (n - c)
@@ -129,6 +130,7 @@ def test_a_grading_call_that_raises_or_hangs_is_a_wrong_sample_counted(monkeypat
 
 # ----------------------------------------------------------------------------- the command line
 
+
 @pytest.fixture
 def fake_ckpt(tmp_path):
     """A directory that passes eval's checkpoint check (config.json), with a train_config.yaml."""
@@ -205,9 +207,11 @@ def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
         ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "paper"])
 
 
-def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run=None, **settings):
+def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run=None, changes=None,
+                **settings):
     """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize,
-    of the checkpoint /runs/<run>/<step> (run: method-s<seed>) trained with `settings`."""
+    of the checkpoint /runs/<run>/<step> (run: method-s<seed>) trained with `settings` (and
+    `changes`: its config_changes records, what resumes changed on the way)."""
     benchmarks = {}
     for name, per_problem in accs.items():
         records = [{"samples": [{"tokens": 1, "finish_reason": "stop"}], "metrics": {"accuracy": a}}
@@ -223,6 +227,7 @@ def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run
         json.dump({"ckpt": f"/runs/{run}/{step}", "method": method, "seed": seed,
                    "train_config": {"method": method, "seed": seed, "out_dir": f"/runs/{run}", "lr": 1e-6,
                                     "loss": {}, **settings},
+                   **({"config_changes": changes} if changes is not None else {}),
                    "protocol": proto, "benchmarks": benchmarks}, f)
     return str(path)
 
@@ -328,6 +333,46 @@ def test_the_table_averages_the_seeds_of_one_training_configuration_only(tmp_pat
     text = table.write_table(sweep, str(tmp_path / "t.md"))
     assert "| tepo, lr=2e-06 (seed 0, tepo-lr1/step_000100) |" in text
     assert "| **tepo, lr=1e-06, step_000100: mean of 2 seeds** | 75.00 ± " in text and text.count("mean of") == 1
+
+
+def test_a_run_resumed_with_another_config_is_a_configuration_of_its_own(tmp_path):
+    """A run trained at lr 1e-6 to step 250 and resumed at 2e-6 (--allow-config-change) ends with
+    lr 2e-6 in its train_config.yaml: it was averaged as a third seed of the runs trained at 2e-6
+    throughout. Its config_changes name it apart; a change of a key that cannot change the run
+    (eval_every) does not; two changes of one key read as a chain."""
+    same = [fake_result(tmp_path / f"s{i}.json", "tepo", i, {"math500": [1, 0]}, run=f"s{i}", lr=2e-6)
+            for i in (0, 1)]
+    changed = fake_result(tmp_path / "c.json", "tepo", 2, {"math500": [0, 0]}, run="c", lr=2e-6, changes=[
+        {"step": 250, "resumed_from": "/runs/c/step_000250", "changed": {"lr": [1e-6, 2e-6]}}])
+    text = table.write_table(same + [changed], str(tmp_path / "t.md"))
+    assert "| **tepo, lr=2e-06, step_000100: mean of 2 seeds** | 50.00 ± 0.00 |" in text
+    assert "| tepo, lr=1e-06→2e-06 at step 250 (seed 2, c/step_000100) | 0.00" in text
+    assert text.count("mean of") == 1
+    free = fake_result(tmp_path / "f.json", "tepo", 2, {"math500": [0, 1]}, run="f", lr=2e-6, changes=[
+        {"step": 5, "resumed_from": "/runs/f/step_000005", "changed": {"eval_every": [0, 5]}}])
+    assert "| **tepo, step_000100: mean of 3 seeds** |" in table.write_table(same + [free], str(tmp_path / "t.md"))
+    chain = fake_result(tmp_path / "ch.json", "tepo", 3, {"math500": [0, 0]}, run="ch", lr=3e-6, changes=[
+        {"step": 250, "resumed_from": "x", "changed": {"lr": [1e-6, 2e-6], "steps": [250, 300]}},
+        {"step": 300, "resumed_from": "y", "changed": {"lr": [2e-6, 3e-6]}}])
+    assert "| tepo, lr=1e-06→2e-06 at step 250→3e-06 at step 300 (seed 3, ch/step_000100) |" in \
+        table.write_table(same + [chain], str(tmp_path / "t.md"))
+
+
+def test_eval_records_what_resumes_changed_before_the_checkpoint(tmp_path):
+    """results.json's config_changes: the record the checkpoint carries; for a checkpoint written
+    before checkpoints carried it, its out_dir's lines before the checkpoint's step; none without."""
+    import checkpoint
+    out = tmp_path / "run"
+    lines = [{"step": 2, "resumed_from": "a", "changed": {"lr": [1, 2]}},
+             {"step": 6, "resumed_from": "b", "changed": {"lr": [2, 3]}}]
+    (out / "step_000004").mkdir(parents=True)
+    (out / "config_changes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert ev.config_changes_of(str(out / "step_000004")) == lines[:1]
+    checkpoint.write_config_changes(str(out), str(out / "step_000004"))  # a checkpoint of today
+    assert checkpoint.read_config_changes(str(out / "step_000004")) == lines
+    assert ev.config_changes_of(str(out / "step_000004")) == lines
+    (tmp_path / "model").mkdir()
+    assert ev.config_changes_of(str(tmp_path / "model")) == []
 
 
 def test_seeds_may_differ_in_what_cannot_change_the_run_as_a_resume_may(tmp_path):

@@ -395,6 +395,25 @@ def test_pruning_removes_only_older_checkpoints(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
 
 
+def test_a_branch_keeps_the_changes_of_the_run_it_branches_off(tmp_path):
+    """A resume starts config_changes.jsonl from the record its checkpoint carries, so a branch
+    into a new out_dir keeps what was changed before the checkpoint, then adds its own change; a
+    checkpoint from before the record: out_dir's lines before its step (unchanged behaviour)."""
+    lines = [{"step": 2, "resumed_from": "a", "changed": {"lr": [0.001, 0.002]}}]
+    src = tmp_path / "a" / "step_000004"
+    src.mkdir(parents=True)
+    (src / "config_changes.jsonl").write_text(json.dumps(lines[0]) + "\n")
+    cfg = train.load_config(None, BASE + [f"out_dir={tmp_path / 'b'}"])
+    os.makedirs(cfg.out_dir)
+    runs.record_config(cfg, str(src), 4, {"lr": [0.002, 0.003]})
+    got = [json.loads(line) for line in open(os.path.join(cfg.out_dir, "config_changes.jsonl"))]
+    assert got == lines + [{"step": 4, "resumed_from": os.path.realpath(src), "changed": {"lr": [0.002, 0.003]}}]
+    old = tmp_path / "b" / "step_000003"  # in out_dir, carrying no record: lines before step 3 kept
+    old.mkdir()
+    runs.record_config(cfg, str(old), 3, {})
+    assert [json.loads(line) for line in open(os.path.join(cfg.out_dir, "config_changes.jsonl"))] == lines
+
+
 @pytest.mark.slow
 def test_overwrite_removes_the_earlier_run_then_trains(tmp_path, tiny_model_dir):
     cfg, out = setup_run(tmp_path, tiny_model_dir, "again", backend="hf", steps=1, keep_last=1)
@@ -437,6 +456,10 @@ def test_a_resume_with_another_config_stops_unless_allowed_then_records_the_chan
         {"step": 3, "resumed_from": os.path.join(out, "step_000003"),
          "changed": {"steps": [3, 4], "eval_every": [0, 1]}}]
     assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
+    # the record travels with each checkpoint written after a change (train_config.yaml holds only
+    # the last values): eval.py copies it into results.json, and table.py names the run by it
+    assert checkpoint.read_config_changes(os.path.join(out, "step_000003")) == changes[:1]
+    assert checkpoint.read_config_changes(os.path.join(out, "step_000004")) == changes
     # resumed from step 3 again: the change recorded at step 3 is replaced, the one at 2 stays
     shutil.rmtree(os.path.join(out, "step_000004"))
     os.remove(os.path.join(out, "final"))
