@@ -395,6 +395,24 @@ def test_pruning_removes_only_older_checkpoints(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
 
 
+def test_pruning_keeps_an_evaluated_checkpoint_and_says_so(tmp_path, capsys):
+    """A finished run (final step 150, evaluated by eval.py into step_000150/eval/) extended with
+    --resume --set steps=152 at keep_last 1: the save of step 151 pruned step_000150 with its
+    results.json, without a word. It is kept, once said; an unevaluated one is pruned as before."""
+    for step in (100, 150, 151):
+        os.makedirs(tmp_path / f"step_{step:06d}")
+    os.makedirs(tmp_path / "step_000150" / "eval")
+    (tmp_path / "step_000150" / "eval" / "results.json").write_text("{}")
+    assert checkpoint.prune_checkpoints(str(tmp_path), 151, keep_last=1) == [str(tmp_path / "step_000150")]
+    assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000151"]
+    said = capsys.readouterr().out
+    assert f"kept {tmp_path / 'step_000150'}, which holds evaluation results" in said
+    os.makedirs(tmp_path / "step_000152")
+    checkpoint.prune_checkpoints(str(tmp_path), 152, keep_last=1)
+    assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000152"]
+    assert "kept" not in capsys.readouterr().out  # said once
+
+
 def test_a_branch_keeps_the_changes_of_the_run_it_branches_off(tmp_path):
     """A resume starts config_changes.jsonl from the record its checkpoint carries, so a branch
     into a new out_dir keeps what was changed before the checkpoint, then adds its own change; a
