@@ -48,7 +48,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen
                           Qwen2Tokenizer)
 
 import reward
-from data import build_prompt, encode_prompt, load_problems
+from data import encode_prompt, load_problems
 
 PAD, EOS = "<|pad|>", "<|eos|>"
 # Every printable ASCII character plus newline, one token each: 2 specials + 96 characters.
@@ -591,7 +591,8 @@ def pretrain(model_dir, sft_rows, *, steps=600, batch_size=64, lr=3e-3, seed=0,
 @torch.no_grad()
 def generate(model, tokenizer, prompts, *, temperature=1.0, max_new_tokens=96, batch_size=128,
              seed=0):
-    """Responses (str) to `prompts`: sampled at `temperature`, or greedy when it is 0.
+    """Responses (str) to `prompts`, lists of token ids (data.encode_prompt's, as RL and eval.py
+    give the model): sampled at `temperature`, or greedy when it is 0.
 
     Left padding, so every prompt ends where generation starts. Sampling is plain softmax at
     `temperature` (top_k=0, top_p=1), like the RL sampler.
@@ -601,8 +602,8 @@ def generate(model, tokenizer, prompts, *, temperature=1.0, max_new_tokens=96, b
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     out = []
     for k in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[k:k + batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
+        enc = tokenizer.pad({"input_ids": [list(p) for p in prompts[k:k + batch_size]]}, padding=True,
+                            return_tensors="pt")
         kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature \
             else dict(do_sample=False)
         ids = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
@@ -617,7 +618,7 @@ def evaluate(model_dir, rows, *, template=DEMO_TEMPLATE, temperatures=(1.0, 0.0)
     """Accuracy on `rows` at each temperature; returns {temperature: (accuracy, mean resp tokens)}."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    prompts = [build_prompt(tokenizer, r["problem"], template) for r in rows]
+    prompts = [encode_prompt(tokenizer, r["problem"], template)[1] for r in rows]
     result = {}
     for temp in temperatures:
         n = samples if temp else 1

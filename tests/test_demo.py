@@ -273,11 +273,36 @@ def test_batched_generate_matches_one_by_one(tmp_path):
     path = demo.make_tiny_model(str(tmp_path / "m"), seed=2)
     model = AutoModelForCausalLM.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
-    prompts = ["Ann has 5.\n", "A box has 347 coins. Bob adds 12.\nAnswer in \\boxed{}.\n", "x"]
+    texts = ["Ann has 5.\n", "A box has 347 coins. Bob adds 12.\nAnswer in \\boxed{}.\n", "x"]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     batched = demo.generate(model, tok, prompts, temperature=0, max_new_tokens=12)
     single = [demo.generate(model, tok, [p], temperature=0, max_new_tokens=12)[0] for p in prompts]
     assert batched == single and all(len(x) > 0 for x in batched)
     assert tok.padding_side == "right"  # restored
+
+
+def test_the_demos_accuracy_gives_the_model_the_prompt_ids_of_training(tmp_path, monkeypatch):
+    """demo.evaluate encodes each prompt by data.encode_prompt, the one path of training and
+    eval.py: with a tokenizer that adds a BOS, the model gets it once (its own rule,
+    add_special_tokens=False, gave none: harmless only for the demo's tokenizer, which has none)."""
+    import data
+    from test_prompt_ids import bos_tokenizer
+    tok = bos_tokenizer(chat_template=None)
+    seen = []
+
+    class Model:
+        def eval(self):
+            return self
+
+        def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
+            seen.extend([row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)])
+            return torch.cat([input_ids, torch.full((len(input_ids), 1), tok.eos_token_id)], 1)
+    monkeypatch.setattr(demo.AutoTokenizer, "from_pretrained", lambda *a, **k: tok)
+    monkeypatch.setattr(demo.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Model())
+    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "20+3?", "answer": "23"}]
+    demo.evaluate("m", rows, template="{problem} A:", temperatures=(0.0,))
+    assert seen == [data.encode_prompt(tok, r["problem"], "{problem} A:")[1] for r in rows]
+    assert all(ids.count(tok.bos_token_id) == 1 for ids in seen)
 
 
 # ---------------------------------------------------------------------------------------------
