@@ -511,8 +511,10 @@ def preset_overrides(args, plan, problems):
     flag order; [] when it is the preset unmodified, or without a preset. The table shows the
     paper's reported numbers only beside an unmodified paper protocol, and names these in its
     protocol line. Data is named by content, the benchmark's name and the first 12 hex digits of its
-    rows_digest (the whole is in the protocol's benchmarks), never by path: the same rows in another
-    file or directory are one protocol. The paths are in results.json (config.files)."""
+    rows_digest (the whole is in the protocol's benchmarks), never by directory: the same rows in a
+    file of the same name elsewhere are one protocol. The name is the benchmark's (its column, and
+    part of each problem's sampling seed: sample_benchmark), so the same rows under another name
+    are another benchmark. The paths are in results.json (config.files)."""
     preset = PRESETS.get(args.preset)
     if not preset:
         return []
