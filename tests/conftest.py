@@ -16,3 +16,81 @@ def tiny_model_dir(tmp_path_factory):
     Read-only: a test that changes weights works on its own copy."""
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny_model")), hidden=64, layers=2,
                            heads=2, kv_heads=1, intermediate=128, vocab_size=128, seed=0)
+
+
+# ----------------------------------------------------------------------------- train.py in this process
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """A process group of one rank (gloo) in this process, for the phases of train.py that are
+    collectives; destroyed after the test, and the environment put back."""
+    import torch.distributed as dist
+    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("gloo")
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def toy_reward(response, gold, **kw):
+    """tests/train_patched.py's --toy-reward: 1.0 when the response holds a '7', so that a random
+    model's groups have reward spread and every update moves the weights."""
+    return float("7" in response)
+
+
+@pytest.fixture
+def train_here(monkeypatch, tmp_path, tiny_model_dir):
+    """train.main in this process, on one rank (gloo), with transformers' generate and the toy
+    reward unless a test says otherwise: the RL step's wiring without a process start, an engine
+    start or torchrun (~2 s a launch in place of ~15). For what one rank and the hf engine can show;
+    ranks, vLLM and kills need a subprocess (tests/train_patched.py).
+
+    train_here(name, *argv, reward=toy_reward, **config) -> out_dir; the config is the small one of
+    tests/test_train_e2e.py's setup_run with `config` laid over it."""
+    import json
+
+    import torch.distributed as dist
+    import yaml
+
+    import reward
+    import train
+
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(40)))
+
+    def launch(name, *argv, reward_fn=toy_reward, **config):
+        cfg = dict(model=tiny_model_dir, train_data=str(data), out_dir=str(tmp_path / name), seed=0,
+                   prompt_template="{problem} \\boxed{}\n", steps=2, prompts_per_step=4, group_size=4,
+                   max_prompt_len=64, max_new_tokens=24, num_minibatches=2, micro_batch_tokens=256,
+                   lr=1e-3, log_samples_every=1, backend="hf")
+        cfg.update(config)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        monkeypatch.setattr(reward, "math_reward", reward_fn)
+        for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=str(free_port())).items():
+            monkeypatch.setenv(key, value)
+        try:
+            train.main(["--config", str(path), *argv])
+        finally:
+            if dist.is_initialized():  # a failed run leaves its group: the next test needs none
+                dist.destroy_process_group()
+        return cfg["out_dir"]
+    return launch
+
+
+def read_metrics(out_dir):
+    """metrics.jsonl's records."""
+    import json
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]

@@ -259,6 +259,9 @@ CLASSES = {
          "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix} - \\begin{pmatrix} 3 \\\\ 0 \\end{pmatrix}", T),
         ("\\begin{pmatrix} 0.33 & 0.67 \\end{pmatrix}", "\\begin{pmatrix} 1/3 & 2/3 \\end{pmatrix}", T),
         ("\\begin{pmatrix} 0.33 & 0.67 \\end{pmatrix}", "\\begin{pmatrix} 1/3 & 3/4 \\end{pmatrix}", F),
+        # within half a unit of the last digit, not a whole one: 1/3 is 0.0067 from 0.34
+        ("\\begin{pmatrix} 0.34 & 0.67 \\end{pmatrix}", "\\begin{pmatrix} 1/3 & 2/3 \\end{pmatrix}", F),
+        ("\\begin{pmatrix} 0.333 & 0.667 \\end{pmatrix}", "\\begin{pmatrix} 1/3 & 2/3 \\end{pmatrix}", T),
         ("\\mathbf{v} = \\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", T),
         ("\\left[\\begin{matrix} 1 & 0 \\\\ 0 & 1 \\end{matrix}\\right]",
          "\\begin{pmatrix} 1 & 0 \\\\ 0 & 1 \\end{pmatrix}", T),

@@ -206,3 +206,20 @@ def test_a_checkpoint_from_before_failed_reward_names_it_where_the_rule_changed(
                                             r"failed_reward existed\)' -> "):
             resumed_config(str(ckpt), cfg, False)
 
+
+def test_dr_grpos_l_max_is_loss_max_new_tokens_where_it_is_set():
+    """Dr.GRPO normalises by L_max, `loss.max_new_tokens`, which follows max_new_tokens unless set:
+    the loss the run computes and the values it records (run_values) say the same. Laid the other
+    way round when the preset resolved, max_new_tokens overrode the key while the run's recorded
+    values still said the key's."""
+    cfg = train.load_config(None, BASE + ["method=drgrpo", "max_new_tokens=64", "loss.max_new_tokens=100"])
+    assert cfg.loss_cfg.max_new_tokens == 100
+    assert run_values(config_dict(cfg))["loss.max_new_tokens"] == 100
+    follows = train.load_config(None, BASE + ["method=drgrpo", "max_new_tokens=64"])
+    assert follows.loss_cfg.max_new_tokens == 64 and "loss.max_new_tokens" not in run_values(config_dict(follows))
+    # the loss itself: seq-mean-token-sum-norm divides the summed token losses by num_seqs * L_max
+    logp = torch.zeros(1, 4, requires_grad=True)
+    for c, lmax in ((cfg, 100), (follows, 64)):
+        loss, _ = tepo.policy_loss(logp, logp.detach(), torch.tensor([1.0]), torch.ones(1, 4), c.loss_cfg,
+                                   num_tokens=4, num_seqs=1)
+        assert loss.item() == pytest.approx(-4 / lmax)

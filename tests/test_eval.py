@@ -24,7 +24,6 @@ TEMPLATE = "Q: {problem}\nA: "
 
 # ----------------------------------------------------------------------------- pass@k, maj@k
 
-
 def brute_pass_at_k(n, c, k):
     """The fraction of all k-subsets of n samples (c of them correct) holding a correct one."""
     flags = [1] * c + [0] * (n - c)
@@ -129,7 +128,6 @@ def test_a_grading_call_that_raises_or_hangs_is_a_wrong_sample_counted(monkeypat
 
 
 # ----------------------------------------------------------------------------- the command line
-
 
 @pytest.fixture
 def fake_ckpt(tmp_path):
@@ -373,6 +371,17 @@ def test_eval_records_what_resumes_changed_before_the_checkpoint(tmp_path):
     assert ev.config_changes_of(str(out / "step_000004")) == lines
     (tmp_path / "model").mkdir()
     assert ev.config_changes_of(str(tmp_path / "model")) == []
+
+
+def test_the_table_never_averages_two_points_of_runs_as_seeds(tmp_path):
+    """Seed 0's step_000100 and seed 1's step_000200 are one configuration at two points: no mean
+    (grouped under the first checkpoint name seen, they would be averaged as two seeds)."""
+    a = fake_result(tmp_path / "a.json", "tepo", 0, {"math500": [1, 1]}, step="step_000100")
+    b = fake_result(tmp_path / "b.json", "tepo", 1, {"math500": [0, 1]}, step="step_000200")
+    text = table.write_table([a, b], str(tmp_path / "t.md"))
+    assert "mean of" not in text
+    c = fake_result(tmp_path / "c.json", "tepo", 1, {"math500": [0, 1]}, step="step_000100")
+    assert "| **tepo, step_000100: mean of 2 seeds** |" in table.write_table([a, b, c], str(tmp_path / "t.md"))
 
 
 def test_seeds_may_differ_in_what_cannot_change_the_run_as_a_resume_may(tmp_path):
@@ -967,3 +976,34 @@ def test_the_data_digest_is_of_problems_and_answers_in_order():
     assert ev.rows_digest(rows) == ev.rows_digest(same)
     assert ev.rows_digest(rows) != ev.rows_digest(rows[::-1])
     assert ev.rows_digest(rows) != ev.rows_digest([rows[0], {"problem": "2+2?", "answer": "5"}])
+
+
+def test_two_chat_templates_are_two_protocols(tmp_path, tiny_model_dir, monkeypatch):
+    """Two checkpoints evaluated without --prompt-template, each under its own chat template (a
+    Qwen-like and a Llama-like turn): their protocols differ in the prompt's digest, so --table
+    refuses to set them side by side (digesting the --prompt-template flag, None for both, made
+    them one protocol)."""
+    import shutil
+
+    import rollout
+    from test_train_steps import CannedEngine
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    monkeypatch.setattr(rollout, "make_engine", lambda *a, **kw: CannedEngine(["\\boxed{2}"]))
+    results = []
+    for name, turn in (("qwen", "<|im_start|>user\n{{ m['content'] }}<|im_end|>\n"),
+                       ("llama", "<|start_header_id|>user<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>")):
+        ckpt = tmp_path / name
+        shutil.copytree(tiny_model_dir, ckpt)
+        config = json.loads((ckpt / "tokenizer_config.json").read_text())
+        config["chat_template"] = "{% for m in messages %}" + turn + "{% endfor %}"
+        (ckpt / "tokenizer_config.json").write_text(json.dumps(config))
+        out = tmp_path / f"{name}.json"
+        ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--temperature", "1.0",
+                 "--max-new-tokens", "8", "--backend", "hf", "--out", str(out)])
+        results.append(str(out))
+    a, b = (json.loads(open(p).read())["protocol"] for p in results)
+    assert a["prompt_template"] is None and b["prompt_template"] is None
+    assert a["prompt_sha256"] != b["prompt_sha256"]
+    with pytest.raises(ev.UserError, match="evaluated under another protocol"):
+        table.write_table(results)

@@ -413,6 +413,22 @@ def test_pruning_keeps_an_evaluated_checkpoint_and_says_so(tmp_path, capsys):
     assert "kept" not in capsys.readouterr().out  # said once
 
 
+def test_overwrite_removes_half_written_and_swapped_checkpoints_too(tmp_path):
+    """--overwrite's clear_run removes a save cut off (step_*.tmp) and a re-save cut off between
+    its renames (step_*.old, which list_checkpoints counts as complete): left behind, a later
+    --resume would take the deleted run's checkpoint. The user's own files stay."""
+    out = tmp_path / "run"
+    for name in ("step_000001", "step_000002.tmp", "step_000003.old", "tensorboard"):
+        (out / name).mkdir(parents=True)
+        (out / name / "x").write_text("x")
+    for name in ("metrics.jsonl", "config_changes.jsonl", "notes.txt", "step_notes.txt"):
+        (out / name).write_text("x")
+    assert checkpoint.list_checkpoints(str(out)) == [str(out / "step_000001"), str(out / "step_000003.old")]
+    runs.clear_run(str(out))
+    assert sorted(os.listdir(out)) == ["notes.txt", "step_notes.txt"]
+    assert checkpoint.list_checkpoints(str(out)) == []
+
+
 def test_a_branch_keeps_the_changes_of_the_run_it_branches_off(tmp_path):
     """A resume starts config_changes.jsonl from the record its checkpoint carries, so a branch
     into a new out_dir keeps what was changed before the checkpoint, then adds its own change; a

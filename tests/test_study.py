@@ -329,6 +329,13 @@ def test_the_entropy_study_reads_its_own_hypotheses(synthetic_study, tmp_path):
     flat = {s: {"entropy_final": 0.9, "entropy_start": 1.0, "pass@32": 0.9 + 0.01 * s, "pass@32_start": 0.8,
                 "pass@1": 0.6, "pass@1_start": 0.5} for s in range(4)}
     assert study.premise_status(study.premise_table(flat)) == "it does not hold"
+    # some rows without data (runs evaluated without pass@32): it cannot be read, not "does not
+    # hold" (the reading that needed every row to lack data said so)
+    partial = {s: {k: v for k, v in summary.items() if not k.startswith("pass@32")} for s, summary in flat.items()}
+    verdicts = [r[4] for r in study.premise_table(partial)]
+    assert verdicts.count("no data") == 1 and "no data" != verdicts[0]
+    status = study.premise_status(study.premise_table(partial))
+    assert status.startswith("it cannot be read (") and "no data" in status, status
     for run in synthetic_study.glob("grpo-s*"):
         shutil.rmtree(run)
     study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])

@@ -1,0 +1,123 @@
+"""How train.py wires its well-tested functions into one RL step, run in this process on one rank
+(conftest.train_here: train.main itself, transformers' generate, no subprocess): the advantages a
+method asks for, the reference model a loss term reads, the old log-probs of the later
+mini-batches, the weight sync after a step with a skipped update, the held-out grading of a
+thinking prompt. Each test here was written against a deliberate bug that the rest of the suite
+did not catch; the bug is named in its docstring."""
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import reward
+import rollout
+import train
+from checkpoint import TrainState
+from conftest import read_metrics
+
+
+def alternating_reward():
+    """A reward of 1, 0, 1, 0, ... in call order: every group of an even size has reward spread
+    (its responses are graded one after another), so every mini-batch trains, on any CPU."""
+    calls = [0]
+
+    def fn(response, gold, **kw):
+        calls[0] += 1
+        return float(calls[0] % 2)
+    return fn
+
+
+def group(rewards):
+    samples = [rollout.Sample([1, 2], [3 + i, 4], f"r{i}", [-1.0, -1.0], "stop") for i in range(len(rewards))]
+    return train.Group({"prompt": "p", "answer": "7"}, samples, rewards, [r >= 1 for r in rewards])
+
+
+@pytest.mark.parametrize("method,want", [("drgrpo", [0.75, -0.25, -0.25, -0.25]),
+                                         ("grpo", [1.5, -0.5, -0.5, -0.5])])
+def test_the_step_takes_the_methods_advantages(method, want):
+    """make_sequences reads the method's adv_std_norm: Dr.GRPO centres the rewards [1, 0, 0, 0]
+    only (0.75, -0.25, ...); GRPO divides by their std too (1.5, -0.5, ...). Dropping the argument
+    made Dr.GRPO divide, and no test trained drgrpo."""
+    cfg = train.Config(model="m", train_data="d", method=method, group_size=4, num_minibatches=1)
+    (mb,) = train.make_sequences([group([1.0, 0.0, 0.0, 0.0])], cfg=cfg)
+    assert [s.adv for s in mb] == pytest.approx(want, abs=1e-5)
+
+
+def test_the_engine_gets_the_weights_when_any_optimizer_step_was_taken(train_here, monkeypatch):
+    """Two mini-batches, the first one's optimizer step skipped (its loss not finite), the
+    second's taken: the weights moved, so the engine must get them (Update.changed is any step
+    taken; with all(), the engine sampled from stale weights). The poisoned-weights test has one
+    mini-batch, so it never mixed the two."""
+    assert train.Update([train.OptimizerStep(1.0, False), train.OptimizerStep(1.0, True)], {}).changed
+    assert not train.Update([train.OptimizerStep(1.0, False)], {}).changed
+    synced, real_step, real_make, calls = [], train.clip_and_step, rollout.make_engine, [0]
+
+    def skip_first(run, loss_sum):
+        calls[0] += 1
+        return real_step(run, math.nan if calls[0] == 1 else loss_sum)
+
+    def counting_engine(*a, **kw):
+        engine = real_make(*a, **kw)
+        real_update = engine.update_weights
+        engine.update_weights = lambda tensors: (synced.append(1), real_update(tensors))
+        return engine
+    monkeypatch.setattr(train, "clip_and_step", skip_first)
+    monkeypatch.setattr(rollout, "make_engine", counting_engine)
+    out = train_here("mixed", reward_fn=alternating_reward(), steps=1, num_minibatches=2)
+    (row,) = read_metrics(out)
+    assert row["actor/optimizer_steps"] == 2 and row["actor/skipped_updates"] == 1
+    assert synced == [1], "the step took one optimizer step of two: the engine must get the weights"
+
+
+def test_later_mini_batches_read_pi_old_not_their_own_forward(train_here):
+    """After the first optimizer step of an RL step the policy has moved, so the later
+    mini-batches' ratios to pi_old differ from 1 and kl_old > 0 (the first mini-batch's are exactly
+    1 and 0: theta = theta_old there). A trainer that took every mini-batch's own forward as its
+    old pass (every ratio 1, PPO's clip and TEPO's mask dead) was caught only by a bf16 precision
+    test."""
+    out = train_here("old", reward_fn=alternating_reward(), steps=2, num_minibatches=4, lr=1e-2,
+                     method="grpo", loss={"kl_coef": 0.0})
+    for row in read_metrics(out):
+        assert row["actor/optimizer_steps"] == 4
+        assert row["actor/kl_old"] > 0, row
+        assert row["actor/log_ratio_max"] > 1e-3 and (row["actor/ratio_min"] < 1 or row["actor/ratio_max"] > 1)
+
+
+def test_the_masks_reference_target_loads_the_reference(train_here):
+    """TEPO with `loss.kl_mask_target: ref` and no KL-to-reference term: the mask reads pi_ref, so
+    the reference must be loaded (LossConfig.needs_ref; without it the first later mini-batch
+    crashed on ref_logp None), and the mask's term acts once the policy has left the reference."""
+    out = train_here("ref", reward_fn=alternating_reward(), steps=2, num_minibatches=2, lr=1e-2,
+                     loss={"kl_mask_target": "ref", "kl_coef": 0.0})
+    rows = read_metrics(out)
+    assert all(r["actor/optimizer_steps"] == 2 for r in rows)
+    assert rows[-1]["actor/kl_ref"] > 0  # read from pi_ref: the run moved off it
+    assert rows[-1]["actor/kl_mask_frac"] > 0
+
+
+class CannedEngine:
+    """Answers every prompt with the same texts, cut off at the length limit."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def generate(self, prompts, n=1, **kw):
+        return [[rollout.Sample(list(p), [5, 6], t, [-1.0, -1.0], "length") for t in self.texts[:n]]
+                for p in prompts]
+
+
+def test_held_out_grading_of_a_prompt_that_opens_thinking(one_rank):
+    """train.evaluate grades as eval.py does: a prompt that opens <think> and a response cut off
+    inside the thinking has no answer (0), although it boxes one; with thinking_opened=False it
+    scored 1.0. A prompt that opens nothing: the boxed answer counts."""
+    for prompt, want in (("Q: 3+4?\n<think>\n", 0.0), ("Q: 3+4?\n", 1.0)):
+        cfg = train.Config(model="m", train_data="d", eval_n=1, max_new_tokens=8, eval_data="held.jsonl",
+                           reward="rule")
+        run = SimpleNamespace(cfg=cfg, rank=0, world=1, engine=CannedEngine(["so \\boxed{7}"]),
+                              judge=train.ev.make_judge("rule"), state=TrainState(),
+                              eval_rows=[{"problem": "3+4?", "prompt": prompt, "prompt_ids": [1, 2],
+                                          "answer": "7"}])
+        assert reward.thinking_opened(prompt) == (want == 0.0)
+        assert train.evaluate(run)["eval/accuracy"] == want, prompt
