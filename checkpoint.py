@@ -128,17 +128,19 @@ def prune_checkpoints(out_dir, step, keep_last):
     newest keep_last - 1 of them (keep_last 0: none). A newer one is never removed: it is not this
     run's to remove (and by step number alone, a run saving step 50 beside another run's step 150
     with keep_last 1 would delete its own step 50). Nor one that holds evaluation results (eval.py
-    writes CKPT/eval/: a finished run extended with --resume --set steps=... would lose the
-    evaluation of its old final checkpoint): it is kept, and said. -> the paths kept so."""
+    writes CKPT/eval/results.json: a finished run extended with --resume --set steps=... would lose
+    the evaluation of its old final checkpoint): it is kept whole, and said, and stays the user's to
+    delete; so evaluating every saved checkpoint keeps them all. An eval/ without results.json (an
+    evaluation that failed or was killed) protects nothing. -> the paths kept so."""
     older = [c for c in list_checkpoints(out_dir) if step_of(c) < step]
     kept = []
     for old in older[:max(0, len(older) - (keep_last - 1))] if keep_last else []:
-        if os.path.isdir(os.path.join(old, "eval")):
+        if os.path.isfile(os.path.join(old, "eval", "results.json")):
             kept.append(old)
             if old not in _SAID_KEPT:  # once per run, not at every later save
                 _SAID_KEPT.add(old)
                 print(f"keep_last {keep_last}: kept {old}, which holds evaluation results ({old}/eval); "
-                      f"delete it yourself when they are no longer needed")
+                      f"delete it yourself when they are no longer needed (it holds the optimizer state too)")
             continue
         shutil.rmtree(old, ignore_errors=True)
     return kept

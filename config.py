@@ -250,7 +250,8 @@ def run_values(values):
     for name, value in method_defaults(out["method"], out["max_new_tokens"]).items():
         if out[name] is None:
             out[name] = value
-    if "failed_reward" not in values and (out["wrong_reward"] or out["overlong_buffer"] or out["no_answer_penalty"]):
+    overlong = out["overlong_buffer"] > 0 and out["overlong_factor"] > 0
+    if "failed_reward" not in values and (out["wrong_reward"] or overlong or out["no_answer_penalty"]):
         # Saved before the key existed, by a train.py that scored a failed grading call 0.0 with no
         # shaping (until a5b778c, 2026-11-25): today's rule (a wrong answer's reward with
         # wrong_reward and the overlong penalty) differs from it exactly here, so a resume names it.
@@ -307,6 +308,7 @@ FREE_UNLESS = {"steps": cosine, "min_lr_ratio": cosine,
                "micro_batch_layout": micro_batches_select,
                "max_sampling_tries": lambda values: values["dynamic_sampling"],
                "overlong_factor": lambda values: values["overlong_buffer"] > 0,
+               "overlong_buffer": lambda values: values["overlong_factor"] > 0,
                "loss.kl_kind": lambda values: values["loss.kl_coef"] > 0,
                "loss.kl_mask_coef": lambda values: values["loss.kl_mask"],
                "loss.kl_mask_target": lambda values: values["loss.kl_mask"],

@@ -49,7 +49,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import time
 from fractions import Fraction
 
@@ -57,12 +56,12 @@ import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 
-import checkpoint
 import data
 import ranks
 from config import UserError
 import reward
 import rollout
+import runs
 import second_opinion
 import table
 
@@ -210,23 +209,6 @@ def train_config(ckpt):
         return {}
     with open(path) as f:
         return yaml.safe_load(f) or {}
-
-
-def config_changes_of(ckpt):
-    """What resumes changed in the run of checkpoint `ckpt` before it was saved (the records of
-    config_changes.jsonl it carries; for a checkpoint written before checkpoints carried them, the
-    lines of its out_dir's file before its step): [] for a run that never changed, so that
-    table.py never averages a run trained under two configurations as a seed of either."""
-    carried = checkpoint.read_config_changes(ckpt)
-    if carried is not None:
-        return carried
-    real = os.path.realpath(ckpt)
-    path = os.path.join(os.path.dirname(real), checkpoint.CHANGES)
-    if not (os.path.isfile(path) and re.fullmatch(r"step_\d+", os.path.basename(real))):
-        return []
-    with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    return [r for r in lines if r["step"] < checkpoint.step_of(real)]
 
 
 def context_length(ckpt):
@@ -689,6 +671,11 @@ def main(argv=None):
                           f"low (the prompt and cap, and where each comes from, are printed above)")
     bar.close()
     t_end = time.time()
+    if world == 1 and hasattr(engine, "close"):
+        # One process: free the engine now, and with it the process group vLLM made for itself (in
+        # a process that evaluates again, or trains, a group left behind would be a second one).
+        # Under torchrun the engine shares the run's group, which end_distributed leaves.
+        engine.close()
     if rank != 0:
         ranks.end_distributed()  # waits for rank 0's, after the files are written
         return None
@@ -699,7 +686,7 @@ def main(argv=None):
     one = lambda values: values[0] if len(set(map(str, values))) == 1 else None  # noqa: E731
     out = {"ckpt": os.path.abspath(args.ckpt), "method": cfg.get("method"), "seed": cfg.get("seed"),
            "train_config": cfg,  # table.py averages seeds of one configuration only
-           "config_changes": config_changes_of(args.ckpt) if cfg else [],  # ... and a changed run is its own
+           "config_changes": runs.config_changes_before(args.ckpt) if cfg else [],  # ... a changed run its own
            "protocol": proto,
            "benchmarks": results,
            "config": {"n": one([n for n, _ in plan.values()]) or {b: n for b, (n, _) in plan.items()},

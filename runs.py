@@ -3,6 +3,7 @@ with no other run's files mixed in or lost; its logs cut back to the step resume
 its config compared with the checkpoint's (resumed_config) and put on record (record_config).
 """
 import json
+import math
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ import time
 import torch.distributed as dist
 import yaml
 
-from checkpoint import CHANGES, list_checkpoints, step_of
+from checkpoint import CHANGES, list_checkpoints, read_config_changes, step_of
 from config import UserError, config_changes, config_dict
 
 
@@ -26,7 +27,9 @@ def earlier_run(out_dir):
     ckpts = list_checkpoints(out_dir)
     metrics = os.path.join(out_dir, "metrics.jsonl")
     lines = sum(1 for _ in open(metrics, "rb")) if os.path.isfile(metrics) else 0
+    evaluated = [os.path.basename(c) for c in ckpts if os.path.isfile(os.path.join(c, "eval", "results.json"))]
     parts = ([f"{len(ckpts)} checkpoint(s) up to {os.path.basename(ckpts[-1])}"] if ckpts else []) + \
+        ([f"evaluated by eval.py: {', '.join(evaluated)}"] if evaluated else []) + \
         ([f"metrics.jsonl with {lines} line(s)"] if lines else [])
     return " and ".join(parts) or None
 
@@ -155,23 +158,45 @@ def cut_back_log(path, step):
     os.replace(tmp, path)
 
 
+def config_changes_before(ckpt):
+    """What resumes changed in the run of checkpoint `ckpt` before it was saved: the records of
+    config_changes.jsonl it carries (checkpoint.write_config_changes); for a checkpoint written
+    before checkpoints carried them, the lines of its own out_dir's file before its step (a line
+    torn by a kill skipped); [] for a directory that is no checkpoint of a run."""
+    carried = read_config_changes(ckpt)
+    if carried is not None:
+        return carried
+    real = os.path.realpath(ckpt)
+    path = os.path.join(os.path.dirname(real), CHANGES)
+    if not (os.path.isfile(path) and re.fullmatch(r"step_\d+", os.path.basename(real))):
+        return []
+    out = []
+    for line in open(path, "rb").read().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("step", math.inf) < step_of(real):
+            out.append(record)
+    return out
+
+
 def record_config(cfg, ckpt, step, changes):
     """Put the run's config on record in out_dir: config.yaml, the config its records start with
     (written at step 0, or by a branch into a new out_dir; a resume never rewrites it), and
     config_changes.jsonl, one line per resume that changed a key: {"step": the checkpoint's step,
-    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}. A resume starts
-    from the record its checkpoint carries (checkpoint.write_config_changes: a branch keeps the
-    changes of the run it branches off); from a checkpoint older than that record, from out_dir's
-    lines before step K (dropping those of a branch it replaces, or of this resume's first try)."""
+    after which the new values hold, "resumed_from", "changed": {key: [old, new]}}. A resume from
+    step K starts from the record of the run up to K (config_changes_before: a branch keeps the
+    changes of the run it branches off; the lines of K and later, of a branch it replaces or of
+    this resume's first try, are dropped), then adds its own."""
     path, changed = os.path.join(cfg.out_dir, "config.yaml"), os.path.join(cfg.out_dir, CHANGES)
     if not ckpt and os.path.exists(changed):
         os.remove(changed)
-    carried = os.path.join(ckpt, CHANGES) if ckpt else None
-    if carried and os.path.isfile(carried):
-        if os.path.realpath(carried) != os.path.realpath(changed):
-            shutil.copyfile(carried, changed)
-    elif ckpt and os.path.exists(changed):
-        cut_back_log(changed, step - 1)
+    before = config_changes_before(ckpt) if ckpt else []
+    if before or (ckpt and os.path.exists(changed)):  # the run's record up to the checkpoint
+        with open(changed + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in before)
+        os.replace(changed + ".tmp", changed)
     if ckpt and changes:
         with open(changed, "a") as f:
             f.write(json.dumps({"step": step, "resumed_from": os.path.realpath(ckpt), "changed": changes}) + "\n")

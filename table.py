@@ -17,7 +17,8 @@ import math
 import os
 import re
 
-from config import UserError, defining_values, run_values
+from config import UserError, defining_values, free_keys, run_values
+from runs import config_changes_before
 
 # The TEPO paper's reported accuracies (%, Qwen2.5-Math-1.5B, its own protocol), as its abstract and
 # summaries give them: TEPO's average over the seven benchmarks and its MATH-500, and GRPO's average
@@ -89,15 +90,28 @@ def configuration(cfg, ckpt, changes=()):
     configuration of its own, never a seed of the runs trained at either value throughout."""
     out = defining_values(cfg)
     del out["seed"]
-    history = {}
-    for record in changes or ():
-        for key, (old, new) in record["changed"].items():
-            if key in out:
-                history[key] = f"{history.get(key, old)}→{new} at step {record['step']}"
-    out.update(history)
+    out.update(changed_on_the_way(cfg, changes or []))
     if not re.fullmatch(r"step_\d+", os.path.basename(ckpt)):
         out["steps"] = run_values(cfg)["steps"]
     return out
+
+
+def changed_on_the_way(cfg, changes):
+    """{key: "old→new at step K[→newer at step L ...]"} of the keys that resumes changed while they
+    defined the run: each record (config_changes, in order) judged on the values just before and
+    after it (the same rule as the resume's, config.config_changes), which are the saved config's
+    with the later records undone. A key that defined the run when it changed is named even if the
+    last values no longer read it; one changed while nothing read it is not."""
+    stages = [run_values(cfg)]  # stages[i]: the values before record i; the last: after them all
+    for record in reversed(changes):
+        stages.insert(0, {**stages[0], **{k: old for k, (old, _) in record["changed"].items()}})
+    history = {}
+    for record, before, after in zip(changes, stages, stages[1:]):
+        free = free_keys(before) & free_keys(after)
+        for key, (old, new) in record["changed"].items():
+            if key not in free:
+                history[key] = f"{history.get(key, old)}→{new} at step {record['step']}"
+    return history
 
 
 def config_names(configs):
@@ -163,6 +177,20 @@ def flags_to_match(want, have):
     return " ".join(out)
 
 
+def recorded_changes(path, result):
+    """What resumes changed in the run of `result` (a results.json at `path`): its config_changes;
+    for one written by an eval.py of before that record, read from its checkpoint when it is still
+    there (runs.config_changes_before), else [] and a line saying the run is taken as unchanged."""
+    if "config_changes" in result:
+        return result["config_changes"]
+    ckpt = result.get("ckpt")
+    if ckpt and os.path.isdir(ckpt):
+        return config_changes_before(ckpt)
+    print(f"note: {path} does not record what resumes changed in its run (an eval.py of before), and its "
+          f"checkpoint {ckpt} is not here to read it from: taken as a run that never changed config")
+    return []
+
+
 def write_table(paths, out=None):
     """The Markdown table of several results.json (one protocol), printed, and written at `out`
     with a CSV beside it (out None: printed only, so that nothing lands where the command runs).
@@ -206,7 +234,7 @@ def write_table(paths, out=None):
     configs = []
     for path, r in zip(paths, results):
         try:
-            configs.append(configuration(r["train_config"], r.get("ckpt") or path, r.get("config_changes"))
+            configs.append(configuration(r["train_config"], r.get("ckpt") or path, recorded_changes(path, r))
                            if r.get("train_config") else None)
         except UserError as e:
             raise UserError(f"--table: {path}: its training {e}") from None

@@ -18,6 +18,30 @@ def tiny_model_dir(tmp_path_factory):
                            heads=2, kv_heads=1, intermediate=128, vocab_size=128, seed=0)
 
 
+BOXED_TEMPLATE = "Q: {problem}\nA: "
+
+
+@pytest.fixture(scope="session")
+def boxed_model(tmp_path_factory):
+    """A tiny model pre-trained (a few seconds) to answer \\boxed{7} or \\boxed{8} after
+    BOXED_TEMPLATE, saved as a checkpoint with train.py's train_config.yaml: a model the real
+    graders find right about half the time on "7" or "8" questions. Read-only."""
+    import random
+
+    import yaml
+
+    from demo import pretrain
+    ckpt = make_tiny_model(str(tmp_path_factory.mktemp("boxed") / "ckpt"), hidden=64, layers=2, heads=2,
+                           kv_heads=1, intermediate=128, max_positions=256)
+    rng = random.Random(0)
+    rows = [{"problem": f"What is {rng.randint(1, 99)} plus {rng.randint(1, 99)}?", "answer": "0",
+             "solution": rng.choice(["\\boxed{7}", "\\boxed{8}"])} for _ in range(256)]
+    pretrain(ckpt, rows, steps=40, batch_size=32, lr=1e-2, template=BOXED_TEMPLATE, warmup=5, log_every=0)
+    with open(os.path.join(ckpt, "train_config.yaml"), "w") as f:
+        yaml.safe_dump({"prompt_template": BOXED_TEMPLATE, "max_new_tokens": 24, "seed": 0}, f)
+    return ckpt
+
+
 # ----------------------------------------------------------------------------- train.py in this process
 
 def free_port():
@@ -35,6 +59,7 @@ def one_rank(monkeypatch):
     for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT=str(free_port())).items():
         monkeypatch.setenv(key, value)
+    assert not dist.is_initialized(), "a process group is left from an earlier test (an engine not closed?)"
     dist.init_process_group("gloo")
     yield
     if dist.is_initialized():
@@ -54,8 +79,9 @@ def train_here(monkeypatch, tmp_path, tiny_model_dir):
     start or torchrun (~2 s a launch in place of ~15). For what one rank and the hf engine can show;
     ranks, vLLM and kills need a subprocess (tests/train_patched.py).
 
-    train_here(name, *argv, reward=toy_reward, **config) -> out_dir; the config is the small one of
-    tests/test_train_e2e.py's setup_run with `config` laid over it."""
+    train_here(name, *argv, reward_fn=toy_reward, **config) -> out_dir; the config is the small one
+    of tests/test_train_e2e.py's setup_run with `config` laid over it (reward_fn None: the graders'
+    own math_reward, unpatched)."""
     import json
 
     import torch.distributed as dist
@@ -76,7 +102,10 @@ def train_here(monkeypatch, tmp_path, tiny_model_dir):
         cfg.update(config)
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        monkeypatch.setattr(reward, "math_reward", reward_fn)
+        if reward_fn is not None:
+            monkeypatch.setattr(reward, "math_reward", reward_fn)
+        assert not dist.is_initialized(), ("a process group is left from an earlier test (a vLLM engine "
+                                           "started in this process and not closed?)")
         for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(free_port())).items():
             monkeypatch.setenv(key, value)

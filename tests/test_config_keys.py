@@ -73,17 +73,18 @@ FREE_UNLESS_CASES = [
     ("max_sampling_tries", 7, ["method=dapo", "dynamic_sampling=false"], ["method=grpo", "dynamic_sampling=true"]),
     ("overlong_factor", 2.0, ["method=grpo"], ["method=dapo"]),
     ("overlong_factor", 2.0, ["method=dapo", "overlong_buffer=0"], ["method=grpo", "overlong_buffer=8"]),
+    ("overlong_buffer", 8, ["method=grpo", "overlong_factor=0"], ["method=grpo"]),
     ("loss.kl_kind", "k1", ["method=tepo"], ["method=grpo"]),
     ("loss.kl_kind", "k2", ["method=grpo", "loss.kl_coef=0"], ["method=tepo", "loss.kl_coef=0.01"]),
     ("loss.kl_mask_coef", 0.5, ["method=grpo"], ["method=tepo"]),
     ("loss.kl_mask_target", "ref", ["method=gspo"], ["method=tepo"]),
     ("loss.is_level", "sequence", ["method=tepo"], ["method=tepo", "loss.is_correction=tis"]),
     ("loss.is_cap", 1.05, ["method=tepo"], ["method=tepo", "loss.is_correction=mask"]),
-    ("loss.cov_ratio", 0.01, ["method=grpo"], ["method=clipcov"]),
+    ("loss.cov_ratio", 0.5, ["method=grpo"], ["method=clipcov"]),
     ("loss.cov_batch", "microbatch", ["method=dapo"], ["method=klcov"]),
     ("loss.cov_tokens", "all", ["method=dapo"], ["method=clipcov"]),
-    ("loss.cov_lb", 0.5, ["method=klcov"], ["method=clipcov"]),
-    ("loss.cov_ub", 9.0, ["method=klcov"], ["method=clipcov"]),
+    ("loss.cov_lb", -10.0, ["method=klcov"], ["method=clipcov"]),
+    ("loss.cov_ub", 0.5, ["method=klcov"], ["method=clipcov"]),
     ("loss.kl_cov_coef", 0.1, ["method=clipcov"], ["method=klcov"]),
     ("loss.clip_low", 0.1, ["method=klcov"], ["method=clipcov"]),
     ("loss.clip_high", 0.1, ["method=klcov"], ["method=dapo"]),
@@ -127,6 +128,19 @@ def loss_and_grad(lcfg, seed=0):
     return loss.detach(), logp.grad
 
 
+def cov_choice(lcfg, seed=0):
+    """tepo.cov_scores (score, eligible, cov) and cov_select of one random micro-batch."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(4, 6, generator=g) * 3
+    old = logp + 0.3 * torch.randn(4, 6, generator=g)
+    adv, mask = torch.tensor([1.0, -0.5, 0.7, -1.2]), torch.ones(4, 6)
+    keys = torch.rand(4, 6, generator=g, dtype=torch.float64)
+    m = mask > 0
+    scores = tepo.cov_scores(logp, old, adv, mask, lcfg, keys, mean_logp=logp[m].mean(),
+                             mean_adv=adv.mean())
+    return (*scores, tepo.cov_select(logp, old, adv, mask, lcfg, keys))
+
+
 @pytest.mark.parametrize("key,value,inert,live",
                          [c for c in FREE_UNLESS_CASES if c[0].startswith("loss.")],
                          ids=[f"{c[0]}-{'-'.join(c[2]) or 'tepo'}" for c in FREE_UNLESS_CASES
@@ -146,9 +160,14 @@ def test_a_free_loss_key_changes_no_loss_and_no_gradient(key, value, inert, live
     (la, ga), (lb, gb) = loss_and_grad(a), loss_and_grad(b)
     assert torch.equal(la, lb) and torch.equal(ga, gb), f"{key}={value} changes the loss under {inert}"
     assert (a.needs_ref, a.every_response_in_loss) == (b.needs_ref, b.every_response_in_loss)
+    if a.cov != "none":  # and Clip-Cov's / KL-Cov's choice of tokens, made before the loss
+        assert all(torch.equal(x, y) for x, y in zip(cov_choice(a), cov_choice(b))), key
     a, b = both(live)
-    if name in ("cov_ratio", "cov_batch", "cov_tokens", "cov_lb", "cov_ub"):
-        return  # they act on the selection (train.select_cov, tepo.cov_select), made before the loss
+    if name in ("cov_ratio", "cov_lb", "cov_ub"):  # they act on the choice of tokens, not the loss
+        assert not all(torch.equal(x, y) for x, y in zip(cov_choice(a), cov_choice(b))), key
+        return
+    if name in ("cov_batch", "cov_tokens"):
+        return  # they act on which batch the choice is made over (train.select_cov): tests/test_train_e2e.py
     (la, ga), (lb, gb) = loss_and_grad(a), loss_and_grad(b)
     assert not (torch.equal(la, lb) and torch.equal(ga, gb)), f"{key}={value} changes nothing under {live}"
 
@@ -183,7 +202,8 @@ def test_run_values_lists_every_loss_key():
 @pytest.mark.parametrize("settings,matters", [
     (["method=dapo"], True), (["method=grpo", "no_answer_penalty=0.5"], True),
     (["method=grpo", "overlong_buffer=8"], True), (["method=tepo", "wrong_reward=-0.5"], True),
-    (["method=grpo"], False), (["method=tepo", "format_reward=0.1"], False)])
+    (["method=grpo"], False), (["method=tepo", "format_reward=0.1"], False),
+    (["method=grpo", "overlong_buffer=8", "overlong_factor=0"], False)])
 def test_a_checkpoint_from_before_failed_reward_names_it_where_the_rule_changed(tmp_path, settings, matters):
     """A train_config.yaml without failed_reward was written by a train.py that scored a failed
     grading call 0.0 with no shaping; today it scores a wrong answer's reward, with wrong_reward and

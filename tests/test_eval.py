@@ -5,7 +5,6 @@ import itertools
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 from fractions import Fraction
@@ -16,10 +15,10 @@ import yaml
 import eval as ev
 import reward
 import table
-from demo import make_tiny_model, pretrain
+
+from conftest import BOXED_TEMPLATE as TEMPLATE  # the boxed model's
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TEMPLATE = "Q: {problem}\nA: "
 
 
 # ----------------------------------------------------------------------------- pass@k, maj@k
@@ -205,7 +204,7 @@ def test_presets_fix_the_protocol_and_yield_to_the_flags_given(fake_ckpt):
         ev.parse_args(["--ckpt", ckpt, "--data-dir", data, "--preset", "paper"])
 
 
-def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run=None, changes=None,
+def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run=None, changes=(),
                 **settings):
     """A results.json of per-problem accuracies {benchmark: [a, ...]} through eval's own summarize,
     of the checkpoint /runs/<run>/<step> (run: method-s<seed>) trained with `settings` (and
@@ -225,7 +224,7 @@ def fake_result(path, method, seed, accs, protocol=None, step="step_000100", run
         json.dump({"ckpt": f"/runs/{run}/{step}", "method": method, "seed": seed,
                    "train_config": {"method": method, "seed": seed, "out_dir": f"/runs/{run}", "lr": 1e-6,
                                     "loss": {}, **settings},
-                   **({"config_changes": changes} if changes is not None else {}),
+                   **({"config_changes": list(changes)} if changes is not None else {}),  # None: an old eval.py
                    "protocol": proto, "benchmarks": benchmarks}, f)
     return str(path)
 
@@ -354,23 +353,90 @@ def test_a_run_resumed_with_another_config_is_a_configuration_of_its_own(tmp_pat
         {"step": 300, "resumed_from": "y", "changed": {"lr": [2e-6, 3e-6]}}])
     assert "| tepo, lr=1e-06→2e-06 at step 250→3e-06 at step 300 (seed 3, ch/step_000100) |" in \
         table.write_table(same + [chain], str(tmp_path / "t.md"))
+    # each change judged when it was made: DAPO's max_sampling_tries changed while dynamic sampling
+    # was on, then dynamic sampling turned off: both named (by the last values alone, the first was
+    # free and the run a seed of one that kept 3 tries); a clip range changed under KL-Cov, which
+    # reads none, before a switch to Clip-Cov: not named
+    dapo = dict(method="dapo", dynamic_sampling=False, max_sampling_tries=5)
+    a = fake_result(tmp_path / "d0.json", seed=0, accs={"math500": [1, 0]}, run="d0", changes=[
+        {"step": 50, "resumed_from": "x", "changed": {"max_sampling_tries": [3, 5]}},
+        {"step": 100, "resumed_from": "y", "changed": {"dynamic_sampling": [True, False]}}], **dapo)
+    b = fake_result(tmp_path / "d1.json", seed=1, accs={"math500": [1, 0]}, run="d1", changes=[
+        {"step": 100, "resumed_from": "y", "changed": {"dynamic_sampling": [True, False]}}],
+                    **{**dapo, "max_sampling_tries": 3})
+    text = table.write_table([a, b], str(tmp_path / "t.md"))
+    assert "mean of" not in text and "max_sampling_tries=3→5 at step 50" in text
+    cov = fake_result(tmp_path / "k.json", seed=0, accs={"math500": [1, 0]}, run="k", method="clipcov", changes=[
+        {"step": 50, "resumed_from": "x", "changed": {"loss.clip_high": [0.28, 0.5]}},
+        {"step": 100, "resumed_from": "y", "changed": {"method": ["klcov", "clipcov"]}}], loss={"clip_high": 0.5})
+    text = table.write_table([cov], str(tmp_path / "t.md"))
+    assert "| klcov→clipcov at step 100 (seed 0, k/step_000100) |" in text and "clip_high" not in text
+
+
+def test_results_of_an_older_eval_read_the_changes_from_the_checkpoint(tmp_path, capsys):
+    """A results.json written before eval.py recorded config_changes: read from its checkpoint when
+    that is still there; else taken as unchanged, and said."""
+    ckpt = tmp_path / "runs" / "c" / "step_000100"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config_changes.jsonl").write_text(json.dumps(
+        {"step": 50, "resumed_from": "x", "changed": {"lr": [1e-6, 2e-6]}}) + "\n")
+    old = fake_result(tmp_path / "o.json", "tepo", 0, {"math500": [1, 0]}, run="c", changes=None, lr=2e-6)
+    result = json.loads(open(old).read())
+    result["ckpt"] = str(ckpt)
+    open(old, "w").write(json.dumps(result))
+    other = fake_result(tmp_path / "s.json", "tepo", 1, {"math500": [1, 1]}, run="s", lr=2e-6)
+    assert "lr=1e-06→2e-06 at step 50" in table.write_table([old, other], str(tmp_path / "t.md"))
+    gone = fake_result(tmp_path / "g.json", "tepo", 2, {"math500": [1, 1]}, run="g", changes=None, lr=2e-6)
+    table.write_table([gone, other], str(tmp_path / "t.md"))
+    assert f"note: {gone} does not record what resumes changed" in capsys.readouterr().out
 
 
 def test_eval_records_what_resumes_changed_before_the_checkpoint(tmp_path):
     """results.json's config_changes: the record the checkpoint carries; for a checkpoint written
-    before checkpoints carried it, its out_dir's lines before the checkpoint's step; none without."""
+    before checkpoints carried it, its out_dir's lines before the checkpoint's step (a line torn by
+    a kill skipped); none without."""
     import checkpoint
+    import runs
     out = tmp_path / "run"
     lines = [{"step": 2, "resumed_from": "a", "changed": {"lr": [1, 2]}},
              {"step": 6, "resumed_from": "b", "changed": {"lr": [2, 3]}}]
     (out / "step_000004").mkdir(parents=True)
+    (out / "config_changes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 7, "res')
+    assert runs.config_changes_before(str(out / "step_000004")) == lines[:1]
     (out / "config_changes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    assert ev.config_changes_of(str(out / "step_000004")) == lines[:1]
     checkpoint.write_config_changes(str(out), str(out / "step_000004"))  # a checkpoint of today
     assert checkpoint.read_config_changes(str(out / "step_000004")) == lines
-    assert ev.config_changes_of(str(out / "step_000004")) == lines
+    assert runs.config_changes_before(str(out / "step_000004")) == lines
     (tmp_path / "model").mkdir()
-    assert ev.config_changes_of(str(tmp_path / "model")) == []
+    assert runs.config_changes_before(str(tmp_path / "model")) == []
+
+
+def test_eval_py_writes_the_checkpoints_changes_into_results_json(tmp_path, tiny_model_dir, monkeypatch):
+    """eval.main on a checkpoint that carries config_changes.jsonl puts the records into
+    results.json, where the table reads them: the middle link between the checkpoint and the
+    table's name for the run."""
+    import shutil
+
+    import rollout
+    from test_train_steps import CannedEngine
+    ckpt = tmp_path / "run" / "step_000004"
+    shutil.copytree(tiny_model_dir, ckpt)
+    records = [{"step": 2, "resumed_from": "x", "changed": {"lr": [1e-6, 2e-6]}}]
+    (ckpt / "config_changes.jsonl").write_text(json.dumps(records[0]) + "\n")
+    (ckpt / "train_config.yaml").write_text(yaml.safe_dump({"method": "tepo", "seed": 0, "lr": 2e-6,
+                                                           "max_new_tokens": 8, "loss": {}}))
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    monkeypatch.setattr(rollout, "make_engine", lambda *a, **kw: CannedEngine(["\\boxed{2}"]))
+    out = tmp_path / "r.json"
+    ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--temperature", "1.0",
+             "--backend", "hf", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["config_changes"] == records
+    other = fake_result(tmp_path / "s.json", "tepo", 1, {"bench": [1]}, protocol=result["protocol"], lr=2e-6,
+                        max_new_tokens=8)
+    text = table.write_table([str(out), other])
+    assert "| tepo, lr=1e-06→2e-06 at step 2 (seed 0, run/step_000004) |" in text and "mean of" not in text
 
 
 def test_the_table_never_averages_two_points_of_runs_as_seeds(tmp_path):
@@ -730,22 +796,13 @@ CAPPED = 7
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """A tiny model pre-trained (a few seconds) to answer \\boxed{7} or \\boxed{8} after TEMPLATE,
-    saved as a checkpoint with train.py's train_config.yaml, and a fixture benchmark."""
+def setup(tmp_path_factory, boxed_model):
+    """conftest.boxed_model (a tiny model that answers \\boxed{7} or \\boxed{8} after TEMPLATE, with a
+    train_config.yaml), and a fixture benchmark."""
     root = tmp_path_factory.mktemp("eval")
-    ckpt = make_tiny_model(str(root / "ckpt"), hidden=64, layers=2, heads=2, kv_heads=1,
-                           intermediate=128, max_positions=256)
-    rng = random.Random(0)
-    rows = [{"problem": f"What is {rng.randint(1, 99)} plus {rng.randint(1, 99)}?", "answer": "0",
-             "solution": rng.choice(["\\boxed{7}", "\\boxed{8}"])} for _ in range(256)]
-    pretrain(ckpt, rows, steps=40, batch_size=32, lr=1e-2, template=TEMPLATE, warmup=5,
-             log_every=0)
-    with open(os.path.join(ckpt, "train_config.yaml"), "w") as f:
-        yaml.safe_dump({"prompt_template": TEMPLATE, "max_new_tokens": 24, "seed": 0}, f)
     bench = root / "fx.jsonl"
     bench.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in PROBLEMS))
-    return {"root": root, "ckpt": ckpt, "bench": str(bench)}
+    return {"root": root, "ckpt": boxed_model, "bench": str(bench)}
 
 
 def eval_args(setup, out, seed=0):

@@ -12,6 +12,7 @@ reward of one's own (tests/test_custom_reward.py); kl_mask_target ref and the ol
 later mini-batches (tests/test_train_steps.py). Not runnable on a CPU: packed_attention flex (the
 CPU has no FlexAttention backward; bench/gpu_check.py runs it on a GPU), gpu_memory_utilization
 (vLLM's GPU share: set here, read only on a GPU)."""
+import json
 import math
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import train
-from conftest import read_metrics, toy_reward
+from conftest import BOXED_TEMPLATE, read_metrics, toy_reward
 
 SETTINGS = {
     # Dr.GRPO: its aggregation (L_max from loss.max_new_tokens), no std division; with a cosine
@@ -48,14 +49,24 @@ SETTINGS = {
                             overlong_buffer=8, overlong_factor=2.0, failed_reward=-1.0),
     # the rollout in float16
     "tepo-float16": dict(dtype="float16"),
+    # the real graders, each alone (the boxed model answers 7 or 8: right about half the time)
+    "grader-rule": dict(reward="rule", format_reward=0.2, boxed=True),
+    "grader-math_verify": dict(reward="math_verify", boxed=True),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_the_setting_trains(train_here, tiny_model_dir, name):
+def test_the_setting_trains(train_here, tiny_model_dir, boxed_model, tmp_path, name):
     settings = dict(SETTINGS[name])
-    out = train_here(name, reward_fn=toy_reward, **settings)
+    reward_fn, model = toy_reward, tiny_model_dir
+    if settings.pop("boxed", False):  # graded for real: questions whose answer is 7
+        data = tmp_path / "sevens.jsonl"
+        data.write_text("".join(json.dumps({"problem": f"What is {i} plus {7 - i}?", "answer": "7"}) + "\n"
+                                for i in range(8)))
+        reward_fn, model = None, boxed_model
+        settings.update(model=boxed_model, train_data=str(data), prompt_template=BOXED_TEMPLATE)
+    out = train_here(name, reward_fn=reward_fn, **settings)
     cfg = train.load_config(f"{out}.yaml")
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, cfg.steps + 1))
@@ -64,7 +75,7 @@ def test_the_setting_trains(train_here, tiny_model_dir, name):
         assert not bad, f"step {r['step']}: not finite {bad}"
         assert r["actor/lr"] == pytest.approx(train.lr_at(cfg, r["step"] - 1))
     assert sum(r["actor/optimizer_steps"] for r in rows) > 0, "no step trained: the test proves nothing"
-    before = load_file(f"{tiny_model_dir}/model.safetensors")
+    before = load_file(f"{model}/model.safetensors")
     after = load_file(f"{out}/final/model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in after), "the weights did not move"
     lcfg = cfg.loss_cfg
@@ -76,7 +87,7 @@ def test_the_setting_trains(train_here, tiny_model_dir, name):
     if lcfg.cov == "kl":
         assert all(r["actor/cov_selected_frac"] > 0 for r in trained)
     if lcfg.cov == "clip":  # its default band (1, 5) of cov may hold none of a tiny model's tokens
-        assert all(r["actor/cov_selected_frac"] >= 0 for r in trained)
+        assert all("actor/cov_selected_frac" in r for r in trained)
     if lcfg.entropy_coef:
         assert all(r["loss/entropy_bonus"] < 0 for r in trained)
     if lcfg.kl_coef:

@@ -411,6 +411,11 @@ def test_pruning_keeps_an_evaluated_checkpoint_and_says_so(tmp_path, capsys):
     checkpoint.prune_checkpoints(str(tmp_path), 152, keep_last=1)
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000152"]
     assert "kept" not in capsys.readouterr().out  # said once
+    # an evaluation that failed or was killed leaves eval/ without results.json: nothing to keep
+    os.makedirs(tmp_path / "step_000152" / "eval")
+    os.makedirs(tmp_path / "step_000153")
+    assert checkpoint.prune_checkpoints(str(tmp_path), 153, keep_last=1) == [str(tmp_path / "step_000150")]
+    assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000153"]
 
 
 def test_overwrite_removes_half_written_and_swapped_checkpoints_too(tmp_path):
@@ -446,6 +451,16 @@ def test_a_branch_keeps_the_changes_of_the_run_it_branches_off(tmp_path):
     old.mkdir()
     runs.record_config(cfg, str(old), 3, {})
     assert [json.loads(line) for line in open(os.path.join(cfg.out_dir, "config_changes.jsonl"))] == lines
+    # a branch off a checkpoint of before the record: its own out_dir's lines before its step
+    parent = tmp_path / "p"
+    (parent / "step_000100").mkdir(parents=True)
+    (parent / "config_changes.jsonl").write_text(json.dumps({**lines[0], "step": 50}) + "\n" +
+                                                 json.dumps({**lines[0], "step": 150}) + "\n")
+    branch = train.load_config(None, BASE + [f"out_dir={tmp_path / 'c'}"])
+    os.makedirs(branch.out_dir)
+    runs.record_config(branch, str(parent / "step_000100"), 100, {})
+    assert [json.loads(line) for line in open(os.path.join(branch.out_dir, "config_changes.jsonl"))] == \
+        [{**lines[0], "step": 50}]
 
 
 @pytest.mark.slow
