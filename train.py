@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import random
 import time
 from dataclasses import dataclass
 
@@ -218,7 +219,12 @@ def setup(cfg, *, resume, overwrite=False, allow_config_change=False):
                   f"optimizer state is resharded and the data order kept; each rank's random streams "
                   f"start afresh, so the run goes on but does not repeat an uninterrupted one exactly")
     start = ckpt or model_dir
+    # The global RNGs of torch, Python and numpy, seeded as vLLM's start seeds them (with its seed,
+    # cfg.seed + rank): a reward of one's own that draws from them repeats on either backend (with
+    # transformers' generate they were left unseeded, so such a run never repeated).
     torch.manual_seed(cfg.seed + rank)
+    random.seed(cfg.seed + rank)
+    np.random.seed(cfg.seed + rank)
     model = load_policy(start, cfg, device)
     ref_model = load_policy(model_dir, cfg, device, trainable=False) if cfg.loss_cfg.needs_ref else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas,
