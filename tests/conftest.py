@@ -73,22 +73,49 @@ def toy_reward(response, gold, **kw):
 
 
 @pytest.fixture
-def train_here(monkeypatch, tmp_path, tiny_model_dir):
-    """train.main in this process, on one rank (gloo), with transformers' generate and the toy
-    reward unless a test says otherwise: the RL step's wiring without a process start, an engine
-    start or torchrun (~2 s a launch in place of ~15). For what one rank and the hf engine can show;
-    ranks, vLLM and kills need a subprocess (tests/train_patched.py).
+def train_main(monkeypatch):
+    """train.main(argv) in this process, on one rank (gloo): what `python train.py ARGS` runs, but
+    for ranks.run_main's printing of a bad input (a UserError is raised to the test; the one-line
+    error of the command line is tests/test_faults.py's). The toy reward unless reward_fn says
+    otherwise (None: the graders' own math_reward). The environment is put back and the process
+    group destroyed after each call, whatever it raised.
 
-    train_here(name, *argv, reward_fn=toy_reward, **config) -> out_dir; the config is the small one
-    of tests/test_train_e2e.py's setup_run with `config` laid over it (reward_fn None: the graders'
-    own math_reward, unpatched)."""
-    import json
-
+    train_main(*argv, reward_fn=toy_reward)"""
     import torch.distributed as dist
-    import yaml
 
     import reward
     import train
+
+    def call(*argv, reward_fn=toy_reward):
+        with monkeypatch.context() as m:
+            if reward_fn is not None:
+                m.setattr(reward, "math_reward", reward_fn)
+            for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                                   MASTER_PORT=str(free_port())).items():
+                m.setenv(key, value)
+            assert not dist.is_initialized(), ("a process group is left from an earlier test (a vLLM "
+                                               "engine started in this process and not closed?)")
+            try:
+                train.main(list(argv))
+            finally:
+                if dist.is_initialized():  # a failed run leaves its group: the next call needs none
+                    dist.destroy_process_group()
+    return call
+
+
+@pytest.fixture
+def train_here(train_main, tmp_path, tiny_model_dir):
+    """train.main in this process, on one rank (gloo), with transformers' generate and the toy
+    reward unless a test says otherwise: the RL step's wiring without a process start, an engine
+    start or torchrun (~0.5 s a launch in place of ~5-15). For what one rank and the hf engine can
+    show; ranks, vLLM and kills need a subprocess (tests/train_patched.py).
+
+    train_here(name, *argv, reward_fn=toy_reward, **config) -> out_dir; the config is the small one
+    of tests/test_train_e2e.py's setup_run (2 steps, backend hf) with `config` laid over it, written
+    to tmp_path/NAME.yaml, out_dir tmp_path/NAME (train_here.out_dir(name), also when it raised)."""
+    import json
+
+    import yaml
 
     data = tmp_path / "toy.jsonl"
     data.write_text("".join(json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n"
@@ -102,19 +129,10 @@ def train_here(monkeypatch, tmp_path, tiny_model_dir):
         cfg.update(config)
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        if reward_fn is not None:
-            monkeypatch.setattr(reward, "math_reward", reward_fn)
-        assert not dist.is_initialized(), ("a process group is left from an earlier test (a vLLM engine "
-                                           "started in this process and not closed?)")
-        for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                               MASTER_PORT=str(free_port())).items():
-            monkeypatch.setenv(key, value)
-        try:
-            train.main(["--config", str(path), *argv])
-        finally:
-            if dist.is_initialized():  # a failed run leaves its group: the next test needs none
-                dist.destroy_process_group()
+        train_main("--config", str(path), *argv, reward_fn=reward_fn)
         return cfg["out_dir"]
+    launch.out_dir = lambda name: str(tmp_path / name)
+    launch.config = lambda name: str(tmp_path / f"{name}.yaml")
     return launch
 
 

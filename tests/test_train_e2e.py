@@ -1,10 +1,14 @@
-"""train.py end to end, as users run it (subprocesses, torchrun with 2 CPU ranks, real vLLM).
+"""train.py end to end: as users run it (torchrun with 2 CPU ranks, real vLLM: the module's one
+two-rank run, `two_ranks`, read by every test that needs ranks or the engine), and on one rank in
+this process (conftest.train_here) for what one rank shows: the update whatever the micro-batches,
+the non-finite guard, a bad data row.
 
-tests/train_patched.py swaps in a toy reward ('7' in the response) so that a random-weight model
-gets reward spread and every step really changes the weights.
+tests/train_patched.py swaps in a toy reward ('7' in the response) so that every group gets reward
+spread and every step really changes the weights.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,9 +18,9 @@ import yaml
 from safetensors.torch import load_file
 
 import plot
+import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.slow
 VOLATILE = ("timing/",)  # wall-clock fields differ between any two runs
 
 
@@ -52,37 +56,56 @@ def metrics(out_dir):
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
 
 
-def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
-    """4 steps in one go == 2 steps, then --resume for 2 more: same metrics, same weights.
+# ----------------------------------------------------------------------------- the two-rank vLLM run
+# One run of 2 ranks with vLLM, as a user launches it, read by every test below that needs ranks
+# and the engine: 4 steps in one go (saving at 2 and 4, evaluating at 0, 2 and 4), and a resume of
+# it from step 2. The model answers \boxed{7} or \boxed{8} (conftest.boxed_model), so the toy
+# reward ('7' in the response) spreads every group and the held-out accuracy is neither 0 nor 1.
+# The reward draws from torch's, Python's and numpy's RNGs (--noisy-reward), so a resume equals the
+# run only if it restores all three, after vLLM's start (which seeds them).
 
-    The reward draws from torch's, Python's and numpy's RNGs (--noisy-reward), so the metrics
-    agree only if a resume restores all three. A held-out prompt longer than max_prompt_len is
-    dropped and counted, not fatal."""
-    evals = tmp_path / "eval.jsonl"
-    evals.write_text("".join(json.dumps({"problem": p, "answer": "2"}) + "\n"
-                             for p in ["What is 1 + 1?", "What is 2 + 0?", "Long " * 40 + "1 + 1?"]))
-    noisy = ("--noisy-reward",)
-    cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "whole", save_every=2, eval_data=str(evals),
-                             eval_every=2, log_samples_every=2)
-    run(cfg_a, nproc=2, patch=noisy)
-    cfg_b, out_b = setup_run(tmp_path, tiny_model_dir, "resumed", save_every=2, eval_data=str(evals),
-                             eval_every=2, log_samples_every=2)
-    run(cfg_b, "--set", "steps=2", nproc=2, patch=noisy)
-    assert sorted(os.listdir(out_b)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
-                                         "step_000002"]
-    # A kill after step 3 was logged, before it was saved: its lines are dropped, then logged anew;
-    # a kill in the middle of writing step 4's line left half of it: dropped too, and said.
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, boxed_model):
+    from conftest import BOXED_TEMPLATE
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    held_out = tmp / "held_out.jsonl"  # the last prompt is longer than max_prompt_len: dropped, counted
+    held_out.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in (
+        ("What is 3 plus 4?", "7"), ("What is 5 plus 3?", "8"), ("What is 2 plus 5?", "7"),
+        ("What is 1 plus 7?", "8"), ("What is 9 minus 1?", "8"), ("What is 12 minus 5?", "\\frac{14}{2}"),
+        ("Long " * 40 + "1 + 1?", "2"))))
+    common = dict(prompt_template=BOXED_TEMPLATE, save_every=2, eval_data=str(held_out), eval_every=2,
+                  eval_n=4, log_samples_every=2, format_reward=0.5)
+    cfg_a, out_a = setup_run(tmp, boxed_model, "whole", **common)
+    whole = run(cfg_a, nproc=2, patch=("--noisy-reward",))
+    # The resume: out_dir as a kill after step 4 was logged but before it was saved would leave it
+    # (the checkpoint of step 2; metrics and samples of steps 3 and 4, whose lines are dropped and
+    # logged anew), with half a line written last (dropped too, and said).
+    cfg_b, out_b = setup_run(tmp, boxed_model, "resumed", **common)
+    shutil.copytree(out_a, out_b, symlinks=True)
+    shutil.rmtree(os.path.join(out_b, "step_000004"))
+    os.remove(os.path.join(out_b, "final"))
     for name in ("metrics.jsonl", "samples.jsonl"):
         with open(os.path.join(out_b, name), "a") as f:
             f.write(json.dumps({"step": 3, "stale": True}) + "\n" + '{"step": 4, "rew')
-    res = run(cfg_b, "--resume", nproc=2, patch=noisy)
+    resumed = run(cfg_b, "--resume", nproc=2, patch=("--noisy-reward",))
+    return dict(tmp=tmp, cfg=train.load_config(cfg_a), out_a=out_a, out_b=out_b, whole=whole,
+                resumed=resumed, held_out=str(held_out), model=boxed_model)
+
+
+@pytest.mark.slow
+def test_resumed_run_equals_uninterrupted_run(two_ranks):
+    """4 steps in one go == a resume from step 2 for 2 more: same metrics, same weights, the
+    metrics and samples logged after the checkpoint cut back, a torn line dropped and said. A
+    held-out prompt longer than max_prompt_len is dropped and counted, not fatal."""
+    out_a, out_b, res = two_ranks["out_a"], two_ranks["out_b"], two_ranks["resumed"]
+    assert sorted(os.listdir(out_a)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
+                                         "step_000002", "step_000004"]  # keep_last 2
     for name in ("metrics.jsonl", "samples.jsonl"):
         assert f"--resume: dropped 1 torn line(s) of {out_b}/{name}" in res.stdout, res.stdout[-2000:]
-
     ma, mb = metrics(out_a), metrics(out_b)
     # each held-out evaluation printed as a line (rank 0, once): the step's, with its interval and n
     line = f"step 4: held-out accuracy {100 * mb[4]['eval/accuracy']:.1f}% "
-    assert res.stdout.count(line) == 1 and "x 1 sample)" in res.stdout.split(line)[1].splitlines()[0], \
+    assert res.stdout.count(line) == 1 and "x 4 samples)" in res.stdout.split(line)[1].splitlines()[0], \
         res.stdout[-2000:]
     samples = [[json.loads(ln) for ln in open(os.path.join(out, "samples.jsonl"))] for out in (out_a, out_b)]
     assert not any("stale" in r for r in samples[1])
@@ -90,12 +113,12 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
     assert sorted({r["step"] for r in samples[0]}) == [2, 4]
     assert [(r["step"], r["prompt"], r["response"]) for r in samples[0]] == \
         [(r["step"], r["prompt"], r["response"]) for r in samples[1]]
-    assert ma[0] == {"step": 0, "eval/accuracy": ma[0]["eval/accuracy"], "eval/dropped_long_prompts": 1,
-                     "eval/pass@1": ma[0]["eval/accuracy"]}  # eval_n = 1: pass@1 only
-    # plot.py draws these names (the KL to pi_ref needs a method with a reference model, pass@4
-    # and pass@32 as many samples a problem).
-    drawn = {key for _, keys in plot.PANELS for key, _ in keys} - {"actor/kl_ref", "eval/pass@4",
-                                                                   "eval/pass@32"}
+    assert ma[0] == {"step": 0, "eval/dropped_long_prompts": 1,
+                     **{k: ma[0][k] for k in ("eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4")}}
+    assert 0 < ma[0]["eval/accuracy"] < 1 and ma[0]["eval/pass@1"] == ma[0]["eval/accuracy"]
+    # plot.py draws these names (the KL to pi_ref needs a method with a reference model, pass@32
+    # as many samples a problem).
+    drawn = {key for _, keys in plot.PANELS for key, _ in keys} - {"actor/kl_ref", "eval/pass@32"}
     assert drawn <= set().union(*ma), drawn - set().union(*ma)
     assert [r["step"] for r in ma] == [0, 1, 2, 3, 4] == [r["step"] for r in mb]
     assert all(r["actor/grad_norm"] > 0 for r in ma[1:]), "the toy reward should give every step a gradient"
@@ -105,16 +128,32 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, tiny_model_dir):
             assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-9), (ra["step"], k)
     wa = load_file(os.path.join(out_a, "step_000004", "model.safetensors"))
     wb = load_file(os.path.join(out_b, "step_000004", "model.safetensors"))
-    w0 = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
+    w0 = load_file(os.path.join(two_ranks["model"], "model.safetensors"))
     assert wa.keys() == wb.keys()
     assert any(not torch.equal(wa[k], w0[k]) for k in wa), "training did not change the weights"
     for k in wa:
         assert torch.allclose(wa[k], wb[k], atol=1e-6), k
-    # The checkpoint is a plain HF directory, and keep_last=2 kept the newest two.
-    assert sorted(d for d in os.listdir(out_a) if d.startswith("step_")) == ["step_000002",
-                                                                            "step_000004"]
     state = json.load(open(os.path.join(out_a, "step_000004", "trainer_state.json")))
     assert state["step"] == 4 and state["data_pos"] == 16
+
+
+@pytest.mark.slow
+def test_training_evaluates_as_eval_py_does_on_any_number_of_ranks(two_ranks):
+    """train.py's held-out evaluation is eval.py's path: its eval/accuracy and pass@k on 2 ranks
+    equal eval.py's on one process, at step 0 (the model trained from) and at step 4 (its
+    checkpoint), with the run's settings (same chunks, seeds, judge). Before, each rank sampled its
+    own share with its own seed, so the numbers moved with the number of ranks. With a format
+    reward (a wrong boxed answer earns 0.5), so that a judge reading the reward instead of the
+    verdict would count more right than eval.py does."""
+    import eval as ev
+    rows = metrics(two_ranks["out_a"])
+    for step, ckpt in ((0, two_ranks["model"]), (4, os.path.join(two_ranks["out_a"], "step_000004"))):
+        got = ev.main(["--ckpt", ckpt, "--data", two_ranks["held_out"], "-n", "4", "--k", "1,2,4",
+                       "--temperature", "1.0", "--top-p", "1.0", "--max-new-tokens", "24", "--seed", "0",
+                       "--prompt-template", two_ranks["cfg"].prompt_template, "--max-problems", "6",
+                       "--out", str(two_ranks["tmp"] / f"eval{step}.json")])["benchmarks"]["held_out"]
+        assert got["accuracy"] == rows[step]["eval/accuracy"], step
+        assert [got[f"pass@{k}"] for k in (1, 2, 4)] == [rows[step][f"eval/pass@{k}"] for k in (1, 2, 4)], step
 
 
 def adam_steps(ckpt):
@@ -134,71 +173,74 @@ def adam_steps(ckpt):
     return {k: float(v) for k, v in flat.items() if k.endswith(".step")}
 
 
-def test_a_run_saved_by_two_ranks_resumes_on_one(tmp_path, tiny_model_dir):
-    """A node lost: the checkpoint of 2 ranks resumes on 1. The optimizer state is resharded, not
-    dropped: Adam's step count goes on from the saved one (it would restart from 0 if not)."""
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "reshard", save_every=2)
-    run(cfg, "--set", "steps=2", nproc=2)
-    res = run(cfg, "--resume")  # one process
+@pytest.mark.slow
+def test_a_run_saved_by_two_ranks_resumes_on_one(two_ranks, tmp_path):
+    """A node lost: the checkpoint of 2 ranks resumes on 1 (a branch into a new out_dir). The
+    optimizer state is resharded, not dropped: Adam's step count goes on from the saved one by the
+    optimizer steps taken since (it would restart from 0 if not)."""
+    from conftest import BOXED_TEMPLATE
+    saved = os.path.join(two_ranks["out_a"], "step_000002")
+    cfg, out = setup_run(tmp_path, two_ranks["model"], "reshard", prompt_template=BOXED_TEMPLATE, save_every=2,
+                         format_reward=0.5, train_data=two_ranks["cfg"].train_data)
+    res = run(cfg, "--resume", saved, patch=("--noisy-reward",))  # one process
     assert "was saved by 2 ranks, this run has 1" in res.stdout
-    assert [r["step"] for r in metrics(out)] == [1, 2, 3, 4]
-    first, resumed = adam_steps(os.path.join(out, "step_000002")), adam_steps(os.path.join(out, "step_000004"))
-    assert first and first.keys() == resumed.keys()
-    assert all(resumed[k] == 2 * first[k] > 0 for k in first), (first, resumed)
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [3, 4]
+    first, resumed = adam_steps(saved), adam_steps(os.path.join(out, "step_000004"))
+    taken = sum(r["actor/optimizer_steps"] - r["actor/skipped_updates"] for r in rows)
+    assert first and first.keys() == resumed.keys() and taken > 0
+    assert all(resumed[k] == first[k] + taken and first[k] > 0 for k in first), (first, resumed, taken)
 
 
-def same_update_for_any_micro_batch(tmp_path, model_dir, keys, **common):
+# ----------------------------------------------------------------------------- one rank, in this process
+# (conftest.train_here: train.main on one rank, transformers' generate, the toy reward)
+
+def same_update_for_any_micro_batch(train_here, keys, **common):
     """Train with one sequence per micro-batch and with all in one; assert that `keys` agree at
     every step. -> the metrics of the first run"""
-    cfg_a, out_a = setup_run(tmp_path, model_dir, "big", micro_batch_tokens=100000, **common)
-    cfg_b, out_b = setup_run(tmp_path, model_dir, "small", micro_batch_tokens=1, **common)
-    run(cfg_a)
-    run(cfg_b)
+    out_a = train_here("big", micro_batch_tokens=100000, **common)
+    out_b = train_here("small", micro_batch_tokens=1, **common)
     for ra, rb in zip(metrics(out_a), metrics(out_b)):
         for k in keys:
             assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), k
     return metrics(out_a)
 
 
-def test_microbatch_size_does_not_change_the_update(tmp_path, tiny_model_dir):
+def test_microbatch_size_does_not_change_the_update(train_here):
     """One sequence per micro-batch or all in one: same loss, same gradient (norm), same metrics."""
     rows = same_update_for_any_micro_batch(
-        tmp_path, tiny_model_dir, ("loss/policy", "actor/grad_norm", "actor/entropy",
-                                   "actor/cov_logp_adv", "actor/kl_mask_frac", "reward/mean"),
-        steps=2, num_minibatches=1, backend="hf", lr=1e-4)
+        train_here, ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_logp_adv",
+                     "actor/kl_mask_frac", "reward/mean"), steps=2, num_minibatches=1, lr=1e-4)
     assert rows[0]["actor/grad_norm"] > 0
 
 
 @pytest.mark.parametrize("method,loss", [
     ("klcov", {"cov_ratio": 0.05}),
     ("clipcov", {"cov_ratio": 0.05, "cov_lb": 0.0, "cov_ub": 100.0, "entropy_coef": 0.01})])
-def test_the_cov_selection_is_the_mini_batchs_whatever_the_micro_batches(tmp_path, tiny_model_dir,
-                                                                         method, loss):
+def test_the_cov_selection_is_the_mini_batchs_whatever_the_micro_batches(train_here, method, loss):
     """Clip-Cov / KL-Cov with cov_batch: minibatch (and an entropy bonus): one sequence per
     micro-batch or all in one select the same tokens, so the update and every metric agree."""
     keys = ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_selected_frac",
             "reward/mean") + (("loss/entropy_bonus",) if "entropy_coef" in loss else ())
-    rows = same_update_for_any_micro_batch(tmp_path, tiny_model_dir, keys, steps=2, num_minibatches=2,
-                                           backend="hf", lr=1e-4, method=method, loss=loss)
+    rows = same_update_for_any_micro_batch(train_here, keys, steps=2, num_minibatches=2, lr=1e-4,
+                                           method=method, loss=loss)
     first = rows[1]
     assert first["actor/grad_norm"] > 0 and first["actor/cov_selected_frac"] > 0
     assert first.get("loss/entropy_bonus", -1) < 0
 
 
-def test_cov_batch_microbatch_selects_within_each_micro_batch(tmp_path, tiny_model_dir):
+def test_cov_batch_microbatch_selects_within_each_micro_batch(train_here):
     """KL-Cov with `cov_batch: microbatch` (verl's): with the whole mini-batch in one micro-batch
     it selects what `minibatch` selects (same means, same count, same ranking), so every metric
     agrees; cut into one sequence per micro-batch, each takes its own max(1, floor(2% of <= 24
     tokens)) = 1 token, about twice the mini-batch's 2%."""
-    common = dict(steps=2, num_minibatches=2, backend="hf", lr=1e-4, method="klcov")
+    common = dict(steps=2, num_minibatches=2, lr=1e-4, method="klcov")
     keys = ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/cov_selected_frac", "reward/mean")
     runs = {}
     for name, cov_batch, tokens in (("mini", "minibatch", 100000), ("micro_one", "microbatch", 100000),
                                     ("micro_many", "microbatch", 1)):
-        cfg, out = setup_run(tmp_path, tiny_model_dir, name, micro_batch_tokens=tokens,
-                             loss={"cov_ratio": 0.02, "cov_batch": cov_batch}, **common)
-        run(cfg)
-        runs[name] = metrics(out)
+        runs[name] = metrics(train_here(name, micro_batch_tokens=tokens,
+                                        loss={"cov_ratio": 0.02, "cov_batch": cov_batch}, **common))
     for ra, rb in zip(runs["mini"], runs["micro_one"]):
         for k in keys:
             assert ra[k] == pytest.approx(rb[k], rel=1e-5, abs=1e-7), k
@@ -208,16 +250,26 @@ def test_cov_batch_microbatch_selects_within_each_micro_batch(tmp_path, tiny_mod
     assert many > 1.5 * runs["mini"][0]["actor/cov_selected_frac"], many
 
 
-def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tiny_model_dir):
+def test_non_finite_updates_are_skipped_then_stop_the_run(train_here, tiny_model_dir, monkeypatch):
     """Step 1 updates; from step 2 on every loss is NaN: steps 2-4 are skipped and logged, then the
     run stops, saving step 4's state as a resume would need it (weights of step 1, data position
     after step 4) and keeping the older checkpoints even with keep_last 1."""
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "nan", steps=10, num_minibatches=1,
-                         backend="hf", max_bad_steps=2, save_every=1, keep_last=1,
-                         log_samples_every=0)
-    res = run(cfg, patch=("--toy-reward", "--nan-from-step", "2"), check=False)
-    assert res.returncode != 0
-    assert "3 optimizer steps in a row had a non-finite loss or gradient" in res.stderr
+    import tepo
+    step, real_loss, real_lr = [0], tepo.policy_loss, train.lr_at
+
+    def lr_at(cfg, s):  # called at the start of each RL step's update: note the step
+        step[0] = s + 1
+        return real_lr(cfg, s)
+
+    def nan_loss(*a, **kw):  # tests/train_patched.py's --nan-from-step 2
+        loss, m = real_loss(*a, **kw)
+        return (loss * float("nan") if step[0] >= 2 else loss), m
+    monkeypatch.setattr(train, "lr_at", lr_at)
+    monkeypatch.setattr(tepo, "policy_loss", nan_loss)
+    with pytest.raises(RuntimeError, match="3 optimizer steps in a row had a non-finite loss or gradient"):
+        train_here("nan", steps=10, num_minibatches=1, max_bad_steps=2, save_every=1, keep_last=1,
+                   log_samples_every=0)
+    out = train_here.out_dir("nan")
     rows = metrics(out)
     assert [r["actor/skipped_updates"] for r in rows] == [0, 1, 2, 3]
     assert sorted(d for d in os.listdir(out) if d.startswith("step_")) == ["step_000003", "step_000004"]
@@ -232,12 +284,11 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(tmp_path, tiny_model_d
                load_file(os.path.join(tiny_model_dir, "model.safetensors")).items()), "step 1 did not update"
     changed = {k: (w[k].dtype, w0[k].dtype, (w[k].double() - w0[k].double()).abs().max().item())
                for k in w0 if not torch.equal(w[k], w0[k])}
-    assert not changed, f"weights changed: {changed}\n{res.stderr[-3000:]}"
+    assert not changed, f"weights changed: {changed}"
 
 
-def test_bad_data_row_names_file_and_line(tmp_path, tiny_model_dir):
-    cfg, _ = setup_run(tmp_path, tiny_model_dir, "bad")
+def test_bad_data_row_names_file_and_line(train_here, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?"}\n')
-    res = run(cfg, "--set", f"train_data={bad}", check=False)
-    assert res.returncode != 0 and f"{bad}:2: row has no 'answer'" in res.stderr
+    with pytest.raises(train.UserError, match=f"{bad}:2: row has no 'answer'"):
+        train_here("bad", train_data=str(bad))
