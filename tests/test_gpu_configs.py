@@ -1,24 +1,20 @@
 """The GPU configurations, run on CPU: each configs/math1.5b-<method>.yaml as it is, except the
 model (a random 2-layer Qwen2 with Qwen2.5-Math-1.5B's real tokenizer, 151,936-token vocabulary,
 chat template and generation_config), the data (data.py fetch's MATH train set and a slice of
-MATH-500) and the sizes (steps, prompts, tokens). Everything else as configured: the chat
-template, activation checkpointing, bf16 sampling, the method's preset, the evaluation schedule.
+MATH-500), the sizes (steps, prompts, tokens) and, here, the engine. Everything else as configured:
+the chat template, activation checkpointing, bf16 sampling, the method's preset, the evaluation
+schedule.
 
-One config per loss family runs 2 RL steps on 2 ranks with vLLM and saves: grpo (token ratio, the
-reference model and its KL term; it also resumes for a third step, which rebuilds the reference),
-dapo (token ratio, dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the covariance
-selection over the mini-batch on both ranks, from its extra forward pass); tepo (sequence ratio,
-the KL mask) is trained, and eval.py judges its checkpoints with the real tokenizer, by
-tests/test_paper_path.py, on the data data.py fetches. A resume or an evaluation has no code of
-its own per method (checkpoint.py, runs.py; eval.py reads the method for its label only), so one
-config resumes here and one is evaluated there; what a resume checks of the config does depend on
-the method (config.run_values: the preset), and every config's round trip is checked below.
-The others (drgrpo, gspo; clipcov, whose selection differs from klcov's only inside tepo.py)
-differ from these only inside tepo.policy_loss (aggregation, advantages, the selection's rule),
-which tests/test_tepo.py and tests/test_cov_losses.py check token by token: for them, and for every config, the
-file is loaded as train.py loads it and checked to resolve to its method's preset with the shared
-GPU settings. Skips, saying what is missing and how to provide it, without the data sets and the
-tokenizer (tests/qwen_math.py).
+One config per loss family (RUN) trains 2 RL steps in this process on one rank (train.main) with
+transformers' generate in bf16, on MATH's first rows, and saves; grpo resumes for a third step (which rebuilds the reference: a resume
+has no code of its own per method). The config with vLLM on 2 ranks, as on the GPUs, is tepo's, in
+tests/test_paper_path.py, with the same checks per step, and eval.py judges its checkpoints there;
+grpo's reference on 2 ranks is the smoke study's (tests/test_study.py), dynamic sampling's quota
+over 2 ranks tests/test_train_rules.py's, Clip-Cov's and KL-Cov's choice over 2 ranks
+tests/test_cov_losses.py's. What a resume checks of the config does depend on the method
+(config.run_values: the preset), and every config's round trip is checked below, as is every
+file's resolution to its method's preset with the shared GPU settings. Skips, saying what is
+missing and how to provide it, without the data sets and the tokenizer (tests/qwen_math.py).
 """
 import glob
 import json
@@ -30,7 +26,13 @@ import pytest
 
 from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, make_qwen_math_model, need_shared
 
-RUN = ("grpo", "dapo", "klcov")  # tepo: tests/test_paper_path.py (see the docstring)
+# One config per loss family trains here: grpo (token ratio, the reference model and its KL term;
+# it also resumes), dapo (dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the
+# covariance selection over the mini-batch, from its extra forward pass); tepo (sequence ratio, the
+# KL mask) with vLLM on 2 ranks in tests/test_paper_path.py. drgrpo, gspo and clipcov differ from
+# these only inside tepo.policy_loss, checked token by token in tests/test_tepo.py and
+# tests/test_cov_losses.py and trained through train.py in tests/test_every_setting.py.
+RUN = ("grpo", "dapo", "klcov")
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "math1.5b-*.yaml")))
 # The sizes: 2 prompts x 8 samples per step (one prompt per rank), responses of at most 24
 # tokens, 6 held-out problems. max_prompt_len stays (1024): MATH prompts fit it.
@@ -64,27 +66,15 @@ def test_every_gpu_config_resolves_to_its_method_with_the_shared_settings(path):
     assert (cfg.prompts_per_step, cfg.group_size, cfg.max_new_tokens) == (128, 8, 3072)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", RUN)
-def test_gpu_config_runs_and_resumes(method, qwen_model, tmp_path):
-    evals = tmp_path / "math500_slice.jsonl"
-    with open(os.path.join(DATA_DIR, "math500.jsonl")) as f:
-        evals.write_text("".join(f.readlines()[:6]))
-    out_dir = tmp_path / "run"
-    overrides = [f"model={qwen_model}", f"train_data={os.path.join(DATA_DIR, 'math_train.jsonl')}",
-                 f"eval_data={evals}", f"out_dir={out_dir}", *SIZES]
-    config = os.path.join(ROOT, "configs", f"math1.5b-{method}.yaml")
-    sets = [a for o in overrides for a in ("--set", o)]
-    # A toy reward (an even number of characters) gives a random model's groups reward spread, so
-    # the update runs (with the real grader every reward would be 0 and every advantage too).
-    patched = [os.path.join(ROOT, "tests", "train_patched.py"), "--parity-reward", "--"]
-    torchrun(*patched, "--config", config, *sets)
-    last = 2
-    if method == "grpo":  # the resume: see the docstring
-        torchrun(*patched, "--config", config, *sets, "--set", "steps=3", "--resume")
-        last = 3
+def parity_reward(response, gold, **kw):
+    """An even number of characters: reward spread for a random model's groups, so that the update
+    runs (with the real grader every reward would be 0, and every advantage too)."""
+    return float(len(response) % 2 == 0)
 
-    rows = [json.loads(line) for line in open(out_dir / "metrics.jsonl")]
+
+def check_run(out_dir, method, last):
+    """What a GPU config's run must show at every step and in its last checkpoint."""
+    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == list(range(last + 1))
     for r in rows[1:]:
         assert r["response/length_max"] <= 24 and r["actor/optimizer_steps"] > 0
@@ -92,13 +82,35 @@ def test_gpu_config_runs_and_resumes(method, qwen_model, tmp_path):
         assert r["mismatch/abs_mean"] < 0.05 and 0 <= r["actor/kl_old"] < 0.05  # bf16 sampler, fp32 trainer
     assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]  # MATH prompts fit: none dropped
     assert "eval/dropped_long_prompts" not in rows[0]
-    state = json.load(open(out_dir / f"step_{last:06d}" / "trainer_state.json"))
+    state = json.load(open(os.path.join(out_dir, f"step_{last:06d}", "trainer_state.json")))
     assert state["step"] == last and state["data_pos"] >= last * 2
-    assert os.path.realpath(out_dir / "final") == str(out_dir / f"step_{last:06d}")
-    with open(out_dir / f"step_{last:06d}" / "train_config.yaml") as f:
+    assert os.path.realpath(os.path.join(out_dir, "final")) == os.path.join(out_dir, f"step_{last:06d}")
+    with open(os.path.join(out_dir, f"step_{last:06d}", "train_config.yaml")) as f:
         text = f.read()
     assert f"method: {method}" in text and "activation_checkpointing: true" in text
     assert "dtype: bfloat16" in text and "prompt_template: null" in text
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", RUN)
+def test_gpu_config_runs_and_resumes(method, qwen_model, tmp_path, train_main):
+    path = os.path.join(ROOT, "configs", f"math1.5b-{method}.yaml")
+    slices = {}
+    for name, rows in (("math500", 6), ("math_train", 64)):  # MATH's first rows (the whole set: paper path)
+        slices[name] = tmp_path / f"{name}_slice.jsonl"
+        with open(os.path.join(DATA_DIR, f"{name}.jsonl")) as f:
+            slices[name].write_text("".join(f.readlines()[:rows]))
+    out_dir = tmp_path / "run"
+    overrides = [f"model={qwen_model}", f"train_data={slices['math_train']}", f"eval_data={slices['math500']}",
+                 f"out_dir={out_dir}", "backend=hf", *SIZES]
+    sets = [a for o in overrides for a in ("--set", o)]
+    train_main("--config", path, *sets, reward_fn=parity_reward)
+    last = 2
+    if method == "grpo":  # the resume: see the docstring
+        train_main("--config", path, *sets, "--set", "steps=3", "--resume", reward_fn=parity_reward)
+        last = 3
+    check_run(str(out_dir), method, last)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
