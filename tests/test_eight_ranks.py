@@ -1,7 +1,10 @@
 """configs/math1.5b-tepo.yaml on eight gloo ranks, as on a node of 8 GPUs, in the GPU's precision
 (a bf16 engine and train_dtype bfloat16), its own settings kept (group size 8, 4 mini-batches,
-activation checkpointing, the packed layout, vLLM) but for the model (the tiny random one,
-tests/conftest.py), the data (slices of data.py fetch's MATH train set and MATH-500) and the sizes:
+activation checkpointing, the packed layout) but for the engine (transformers' generate: what runs
+in lock-step here is train.py's collectives, and vLLM never syncs the ranks while it samples; its
+engines under torchrun are tests/test_rollout_torchrun.py's and the two-rank runs'), the model (the
+tiny random one, tests/conftest.py), the data (slices of data.py fetch's MATH train set and
+MATH-500) and the sizes:
 two RL steps of 8 prompts, whose groups have reward spread (tests.custom_rewards:even_length) on
 ranks 0-4 and none on ranks 5-7 (train_patched.py --flat-reward-on-ranks), so that ranks hold no
 sequence of a mini-batch's update; then step 2 again, resumed from the step-1 checkpoint.
@@ -12,9 +15,7 @@ sequence of a mini-batch's update; then step 2 again, resumed from the step-1 ch
     and accuracy of the same evaluation dealt over 1 and over 2 ranks (a straightforward
     reference here: eval.sample_benchmark on one engine, rank by rank);
   - the resumed step 2 is the uninterrupted one, every metric.
-Slow: two launches of 8 ranks on the machine's cores, ~450 s of CPU, most of it the ranks' start
-(imports and vLLM's engine, ~15-20 s of CPU a rank); 340-430 s of wall time measured on 2 cores
-shared with other jobs.
+Slow: two launches of 8 ranks on the machine's cores, most of it the ranks' start (imports).
 """
 import json
 import os
@@ -79,7 +80,8 @@ def test_eight_ranks_train_evaluate_and_resume_in_lock_step(tmp_path, tiny_model
     # max_prompt_len: the tiny model's 1024 positions hold a prompt and its 16 new tokens
     sets = [f"model={tiny_model_dir}", f"train_data={data['train']}", f"eval_data={data['math500_slice']}",
             "reward=tests.custom_rewards:even_length", "failed_reward=0", "train_dtype=bfloat16", "steps=2",
-            "prompts_per_step=8", "max_prompt_len=1000", "max_new_tokens=16", "save_every=1", "keep_last=0"]
+            "prompts_per_step=8", "max_prompt_len=1000", "max_new_tokens=16", "save_every=1", "keep_last=0",
+            "backend=hf"]
     whole = launch(tmp_path, "whole", sets)
     ma = metrics(tmp_path / "whole")
     assert [r["step"] for r in ma] == [0, 1, 2]
