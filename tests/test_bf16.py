@@ -1,8 +1,9 @@
 """Training in the GPU's precision on CPU: `train_dtype: bfloat16` (bf16 compute under FSDP2's
 MixedPrecisionPolicy, fp32 master weights and gradient reduction: policy.load_policy) and a bf16
 vLLM engine, as configs/math1.5b-*.yaml train on GPUs, on 2 gloo ranks through the packed layout,
-activation checkpointing and the weight sync; for tepo and gspo (sequence-level ratios, token-mean
-and sequence-mean aggregation):
+activation checkpointing and the weight sync, for tepo; gspo (sequence-mean aggregation) on one rank
+in this process with transformers' generate in bf16 (the loss is what differs; the ranks and the
+engine are tepo's run's):
   - step 1's log-probs, loss and gradient norm are an fp32 reference's on the same samples within
     bf16's error (the tolerances below, and the numbers behind them);
   - vLLM samples with the log-probs the trainer computes, within the same tolerance, at step 1 and
@@ -12,8 +13,7 @@ and sequence-mean aggregation):
     run only: a resume has no code of its own per method, and each launch costs ~30 s).
 The reference: one process, transformers' model in fp32, each sequence on its own, tepo.policy_loss
 over each mini-batch as the trainer dealt it (its global counts), clipping and torch's AdamW.
-Slow: two launches of 2 ranks for tepo, one for gspo; ~105 s of CPU for two launches (150-250 s
-of wall time measured on 2 cores shared with other jobs).
+Slow: two launches of 2 ranks for tepo.
 """
 import json
 import os
@@ -24,6 +24,7 @@ import torch
 import policy
 import tepo
 import train
+from test_architectures import noisy_reward
 from test_train_e2e import metrics, run, setup_run
 
 pytestmark = pytest.mark.slow
@@ -49,11 +50,11 @@ BF16_SEEN = 1e-4  # and more than this on average: the step did compute in bf16
 LOSS_TOL, GRAD_NORM_RTOL, ENTROPY_TOL = 5e-4, 2e-3, LOGP_MEAN_TOL
 
 
-def dumped(dump_dir, step):
-    """Every sequence of RL step `step` (1-based), both ranks', as train_patched.py
+def dumped(dump_dir, step, ranks=(0, 1)):
+    """Every sequence of RL step `step` (1-based), every rank's, as train_patched.py
     --dump-old-logprobs wrote them."""
     seqs = []
-    for rank in (0, 1):
+    for rank in ranks:
         with open(os.path.join(dump_dir, f"rank{rank}.jsonl")) as f:
             seqs += json.loads(f.readlines()[step - 1])
     return seqs
@@ -103,6 +104,20 @@ def fp32_step(cfg, seqs):
                                  "actor/entropy": float(sum(e.sum() for _, e in old)) / n}
 
 
+def dump_old_logprobs(monkeypatch, out_dir):
+    """tests/train_patched.py's --dump-old-logprobs, in this process (rank 0's file)."""
+    real = train.old_policy_metrics
+
+    def dumping(minibatches):  # called once per step, after the update
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "rank0.jsonl"), "a") as f:
+            f.write(json.dumps([{"minibatch": k, "adv": s.adv, "in_loss": s.in_loss, "prompt": s.prompt,
+                                 "resp": s.resp, "old": s.old_logp.tolist(), "rollout": s.rollout_logp.tolist()}
+                                for k, mb in enumerate(minibatches) for s in mb if s.old_logp is not None]) + "\n")
+        return real(minibatches)
+    monkeypatch.setattr(train, "old_policy_metrics", dumping)
+
+
 def logp_gap(a, b):
     """(mean, max) of |a - b| over every token; a, b: [(R,) per sequence]."""
     d = torch.cat([torch.as_tensor(x) - torch.as_tensor(y) for x, y in zip(a, b)]).abs()
@@ -110,20 +125,29 @@ def logp_gap(a, b):
 
 
 @pytest.mark.parametrize("method", ["tepo", "gspo"])
-def test_a_bf16_step_is_the_fp32_step_within_bf16s_error(tmp_path, tiny_model_dir, method):
+def test_a_bf16_step_is_the_fp32_step_within_bf16s_error(tmp_path, tiny_model_dir, method, train_main,
+                                                         monkeypatch):
     common = dict(method=method, steps=2, save_every=1, keep_last=0, train_dtype="bfloat16",
                   dtype="bfloat16", activation_checkpointing=True, micro_batch_layout="packed",
                   num_minibatches=2, micro_batch_tokens=128, log_samples_every=0)
+    if method == "gspo":
+        common["backend"] = "hf"  # in this process, one rank: see the docstring
     cfg_a, out_a = setup_run(tmp_path, tiny_model_dir, "whole", **common)
     dump = str(tmp_path / "old_logprobs")
     # --noisy-reward: reward spread for a random model, and draws from every RNG a resume restores
-    run(cfg_a, nproc=2, patch=("--noisy-reward", "--dump-old-logprobs", dump))
+    if method == "tepo":
+        run(cfg_a, nproc=2, patch=("--noisy-reward", "--dump-old-logprobs", dump))
+        ranks = (0, 1)
+    else:
+        dump_old_logprobs(monkeypatch, dump)
+        train_main("--config", cfg_a, reward_fn=noisy_reward)
+        ranks = (0,)
     ma = metrics(out_a)
     cfg = train.load_config(cfg_a)
     assert (cfg.train_dtype, cfg.loss_cfg.ratio) == ("bfloat16", "sequence")
 
     # Step 1: the trainer's old log-probs (of theta_0, bf16) and the step's metrics against fp32's.
-    seqs = dumped(dump, 1)
+    seqs = dumped(dump, 1, ranks)
     old, want = fp32_step(cfg, seqs)
     mean, largest = logp_gap([s["old"] for s in seqs], old)
     assert BF16_SEEN < mean < LOGP_MEAN_TOL and largest < LOGP_MAX_TOL, (mean, largest)
@@ -135,7 +159,7 @@ def test_a_bf16_step_is_the_fp32_step_within_bf16s_error(tmp_path, tiny_model_di
 
     # The engine against the trainer, before any update (step 1) and after the sync (step 2).
     for step in (1, 2):
-        seqs = dumped(dump, step)
+        seqs = dumped(dump, step, ranks)
         mean, largest = logp_gap([s["rollout"] for s in seqs], [s["old"] for s in seqs])
         assert mean < LOGP_MEAN_TOL and largest < LOGP_MAX_TOL, (step, mean, largest)
     model = policy.load_model(cfg.model)  # what the engine held before the sync
