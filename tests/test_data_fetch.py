@@ -59,7 +59,8 @@ def files_under(out):
 
 
 NEEDS_DATA = ["tests/test_data_fetch.py::test_a_converted_file_in_place_is_up_to_date_without_its_raw_file",
-              "tests/test_gpu_path.py::test_the_chat_templates_end_of_turn_stops_sampling"]
+              "tests/test_gpu_path.py::test_the_chat_templates_end_of_turn_stops_sampling",
+              "tests/test_reward.py::test_gold_answers_with_a_number_changed_do_not_verify"]
 
 
 def pytest_run(env, *tests):
@@ -69,15 +70,18 @@ def pytest_run(env, *tests):
     return out.stdout + out.stderr
 
 
-def test_the_data_and_tokenizer_come_from_the_environment_or_a_skip_says_how(tmp_path):
+def test_the_data_and_tokenizer_come_from_the_environment_or_a_skip_says_how(tmp_path, monkeypatch):
     """Where ../shared is not beside the checkout: a test that needs the data sets or the tokenizer
     skips saying what it needs and how to provide it (data.py fetch into $TEPO_DATA_DIR, the
-    tokenizer's files into $TEPO_QWEN_TOKENIZER), and runs once they are there. (It said only that
+    tokenizer's files into $TEPO_QWEN_TOKENIZER), and runs once they are there (the paths are read
+    from the environment: tests/test_reward.py's looked only in ../shared). (It said only that
     ../shared was absent, and nothing else was looked at.)"""
     need_shared(UPSTREAM, DATA_DIR, TOKENIZER_DIR)
     absent = {"TEPO_DATA_DIR": str(tmp_path / "none"), "TEPO_QWEN_TOKENIZER": str(tmp_path / "none_tok")}
     report = pytest_run(absent, *NEEDS_DATA)
-    assert "2 skipped" in report, report
+    assert "3 skipped" in report, report
+    assert f"benchmark files not found at {tmp_path}/none: `python data.py fetch --out DIR`, then " \
+           f"TEPO_DATA_DIR=DIR" in report, report
     assert (f"{tmp_path}/none/upstream is absent: this test needs the data sets' raw upstream files, which "
             f"`python data.py fetch --out DIR` keeps in DIR/upstream: TEPO_DATA_DIR=DIR") in report, report
     assert (f"{tmp_path}/none_tok is absent: this test needs Qwen2.5-Math-1.5B's tokenizer and config files: "
@@ -89,8 +93,15 @@ def test_the_data_and_tokenizer_come_from_the_environment_or_a_skip_says_how(tmp
         os.symlink(os.path.join(DATA_DIR, f), data_dir / f)
     os.symlink(UPSTREAM, data_dir / "upstream")
     os.symlink(TOKENIZER_DIR, tok)
-    report = pytest_run({"TEPO_DATA_DIR": str(data_dir), "TEPO_QWEN_TOKENIZER": str(tok)}, *NEEDS_DATA)
-    assert "2 passed" in report, report
+    # ... and, given, they are where the tests look (read at import: a module of its own here)
+    import importlib.util
+    monkeypatch.setenv("TEPO_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("TEPO_QWEN_TOKENIZER", str(tok))
+    spec = importlib.util.spec_from_file_location("qwen_math_given", os.path.join(ROOT, "tests", "qwen_math.py"))
+    given = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(given)
+    assert (given.DATA_DIR, given.UPSTREAM, given.TOKENIZER_DIR) == (str(data_dir), str(data_dir / "upstream"), str(tok))
+    given.need_shared(given.DATA_DIR, given.UPSTREAM, given.TOKENIZER_DIR)  # no skip
 
 
 def test_every_data_set_fetched_over_http_equals_the_reference_row_for_row(tmp_path, serve):

@@ -819,10 +819,10 @@ def test_hostile_inputs_with_the_second_opinion_in_a_thread():
 
 
 # ----------------------------------------------------------------------------- benchmark files
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data")
+from qwen_math import DATA_DIR as DATA  # noqa: E402  ($TEPO_DATA_DIR, else ../shared/data)
 
 
-@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"benchmark files not found at {DATA}")
+@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"benchmark files not found at {DATA}: `python data.py fetch --out DIR`, then TEPO_DATA_DIR=DIR")
 def test_every_gold_answer_verifies_against_itself_and_its_solution():
     """Every gold answer of every benchmark file verifies against itself, a boxed response with it,
     its `answer_raw` (AIME `025`, AMC `27.0`, GSM8K `1,600`, OlympiadBench `$...$`), its solution's
@@ -851,7 +851,7 @@ def test_every_gold_answer_verifies_against_itself_and_its_solution():
     assert not failures, f"{len(failures)} of {checked} failed, e.g. {failures[:5]}"
 
 
-@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"benchmark files not found at {DATA}")
+@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"benchmark files not found at {DATA}: `python data.py fetch --out DIR`, then TEPO_DATA_DIR=DIR")
 def test_gold_answers_with_a_number_changed_do_not_verify():
     """The negative side on real answers: add 1 to one number of each gold (not a unit's exponent,
     not in an `\\approx` aside) and the result must not verify against the gold."""
