@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tepo
+import train
 from tepo import LossConfig, cov_select, policy_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,14 +208,27 @@ ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may 
 '''
 
 
-def selections(tmp_path, nproc):
-    script = tmp_path / "cov.py"
-    script.write_text(f"ROOT = {ROOT!r}\n" + SCRIPT)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          f"--nproc_per_node={nproc}", str(script)], capture_output=True, text=True,
-                         timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-3000:]
-    parts = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+def selections(tmp_path, nproc, monkeypatch, capsys):
+    """SCRIPT's selections: on 2 ranks under torchrun; on one, in this process (its patch of
+    train.cov_keys undone after the test)."""
+    if nproc == 1:
+        from conftest import free_port
+        for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=str(free_port())).items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setattr(train, "cov_keys", train.cov_keys)
+        capsys.readouterr()
+        exec(compile(f"ROOT = {ROOT!r}\n" + SCRIPT, "cov.py", "exec"), {})
+        stdout = capsys.readouterr().out
+    else:
+        script = tmp_path / "cov.py"
+        script.write_text(f"ROOT = {ROOT!r}\n" + SCRIPT)
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc_per_node={nproc}", str(script)], capture_output=True, text=True,
+                             timeout=300, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-3000:]
+        stdout = res.stdout
+    parts = json.loads(next(ln for ln in stdout.splitlines() if ln.startswith("RESULT "))[7:])
     merged = {}
     for part in parts:
         for method, seqs in part.items():
@@ -222,13 +236,13 @@ def selections(tmp_path, nproc):
     return {method: {(i, t) for i, ts in seqs.items() for t in ts} for method, seqs in merged.items()}
 
 
-def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path):
+def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeypatch, capsys):
     """12 responses (66 tokens, n = 6), 3 on rank 0 and 9 on rank 1. KL-Cov's top share over two
     ranks is exactly one process's, and the reference's on the whole batch; per rank (each its own
     means and its own n = max(1, 10% of its tokens)) it would not be. Clip-Cov draws n = 6 tokens
     from the whole mini-batch's candidates over two ranks as over one: with each token's random key
     fixed, the same 6, the candidates with the largest keys."""
-    one, two = selections(tmp_path, 1), selections(tmp_path, 2)
+    one, two = selections(tmp_path, 1, monkeypatch, capsys), selections(tmp_path, 2, monkeypatch, capsys)
     g = torch.Generator().manual_seed(7)
     items = []
     for i in range(12):

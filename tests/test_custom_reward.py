@@ -57,18 +57,19 @@ def test_it_is_guarded_and_its_failures_counted():
     assert failed["errors"] == 1 and "a '#' in the response" in failed["first"]
 
 
-@pytest.mark.slow
-def test_two_steps_of_training_with_it(tmp_path, tiny_model_dir):
-    """2 RL steps on 2 ranks (tiny settings) with `reward: tests.custom_rewards:has_seven`: every
-    logged sample's reward is that function's (the rules would give a random model 0 everywhere),
-    its raises are counted in reward/errors, and the held-out evaluation judges by it too."""
-    from test_train_e2e import metrics, run, setup_run
+def test_two_steps_of_training_with_it(tmp_path, tiny_model_dir, train_main):
+    """2 RL steps (tiny settings, one rank in this process, the reward unpatched) with `reward:
+    tests.custom_rewards:has_seven`: every logged sample's reward is that function's (the rules
+    would give a random model 0 everywhere), its raises are counted in reward/errors, and the
+    held-out evaluation judges by it too. (The function is imported by name on every rank alike;
+    ranks have no code of their own for it.)"""
+    from test_train_e2e import metrics, setup_run
     evals = tmp_path / "eval.jsonl"
     evals.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
                              for i in range(16)))
     cfg, out = setup_run(tmp_path, tiny_model_dir, "own", steps=2, reward=SPEC, failed_reward=0.0,
-                         max_reward_errors=1.0, eval_data=str(evals))
-    run(cfg, nproc=2, patch=())
+                         max_reward_errors=1.0, eval_data=str(evals), backend="hf")
+    train_main("--config", cfg, reward_fn=None)
     rows = metrics(out)
     assert [r["step"] for r in rows] == [0, 1, 2]
     with open(os.path.join(out, "samples.jsonl")) as f:

@@ -47,7 +47,7 @@ def test_two_nodes_train_save_and_resume(tmp_path, tiny_model_dir):
     config.write_text(yaml.safe_dump(dict(
         model=tiny_model_dir, train_data=str(data), out_dir=str(out), prompt_template="{problem}\n",
         steps=1, prompts_per_step=2, group_size=4, max_prompt_len=64, max_new_tokens=16,
-        num_minibatches=1, lr=1e-3)))
+        num_minibatches=1, lr=1e-3, backend="hf")))  # the rendezvous and the shared saves are under test
     two_nodes(str(config))
     assert sorted(d for d in os.listdir(out) if d.startswith("step_")) == ["step_000001"]
     two_nodes(str(config), "--set", "steps=2", "--resume")

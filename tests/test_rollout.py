@@ -281,16 +281,12 @@ def test_known_harmless_notices_are_silenced_unless_asked_for(tmp_path, tiny_mod
     assert [text for text in shown if text in logs["quiet"]] == [], logs["quiet"]
 
 
-def test_the_progress_of_a_call_is_reported_as_its_prompts_finish(tiny_model_dir):
-    """generate(progress=f): f hears each prompt's n samples as vLLM finishes them (eval.py's bar
-    moves within a call, not once per call), and the samples are those of a call without it."""
-    engine = rollout.make_engine(tiny_model_dir, backend="vllm", dtype="float32", max_model_len=96, seed=0)
-    try:
-        heard = []
-        with_bar = engine.generate(["ab", "cd", "ef"], n=2, max_new_tokens=8, seeds=[1, 2, 3],
-                                   progress=heard.append)
-        without = engine.generate(["ab", "cd", "ef"], n=2, max_new_tokens=8, seeds=[1, 2, 3])
-    finally:
-        engine.close()
+def test_the_progress_of_a_call_is_reported_as_its_prompts_finish(engine):
+    """generate(progress=f): f hears each prompt's n samples as the engine finishes them (eval.py's
+    bar moves within a call, not once per call), and the samples are those of a call without it."""
+    heard = []
+    with_bar = engine.generate(["ab", "cd", "ef"], n=2, max_new_tokens=8, seeds=[1, 2, 3],
+                               progress=heard.append)
+    without = engine.generate(["ab", "cd", "ef"], n=2, max_new_tokens=8, seeds=[1, 2, 3])
     assert heard == [2, 2, 2]
     assert [[s.response_ids for s in g] for g in with_bar] == [[s.response_ids for s in g] for g in without]

@@ -451,7 +451,7 @@ SMOKE_RUN = ("--smoke", "--set", "backend=hf")
 
 
 @pytest.mark.slow
-def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(tmp_path):
+def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "smoke"
     # 1. start the study and kill it (the runner and its train.py) once a run has a checkpoint
@@ -486,24 +486,21 @@ def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(t
     # KL term has no gradient while the policy is the reference: nothing moves, through a resume too
     grpo = study.read_metrics(str(first))
     assert all(r["actor/log_ratio_max"] == r["actor/log_ratio_p999"] == 0 for r in grpo[1:]), grpo
-    # 3. run again: nothing is redone
+    # 3. run again (in this process: nothing is launched): nothing is redone
     stamps = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*-s0/*.jsonl")}
-    again = subprocess.run(study_cmd("run", *SMOKE_RUN, "--out", str(out)), cwd=ROOT, capture_output=True,
-                           text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("[skip]") == 3, again.stdout + again.stderr
-    assert "[run]" not in again.stdout
+    capsys.readouterr()
+    study.main(["run", *SMOKE_RUN, "--out", str(out)])
+    again = capsys.readouterr().out
+    assert again.count("[skip]") == 3 and "[run]" not in again, again
     assert stamps == {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("*-s0/*.jsonl")}
     # other settings in the same OUT are refused
-    other = subprocess.run(study_cmd("run", "--out", str(out), "--steps", "3"), cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
-    assert other.returncode != 0 and "other settings" in other.stderr
+    with pytest.raises(SystemExit, match="other settings"):
+        study.main(["run", "--out", str(out), "--steps", "3"])
     # 4. the report
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir()
     doc.write_text("hand\n<!-- generated: begin -->\n<!-- generated: end -->\n")
-    rep = subprocess.run(study_cmd("report", "--out", str(out), "--doc", str(doc)), cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
-    assert rep.returncode == 0, rep.stdout[-3000:] + rep.stderr[-3000:]
+    study.main(["report", "--out", str(out), "--doc", str(doc)])
     text = doc.read_text()
     assert text.startswith("hand\n") and "| grpo | 1 |" in text and "| tepo | 1 |" in text
     assert "python bench/study.py run --out" in text and "--smoke --set backend=hf" in text
