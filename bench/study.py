@@ -46,7 +46,7 @@ Beside each verdict, a cross-check (`t_interval`): the same rule on Student's t 
 mean per-seed difference, since a percentile bootstrap over a handful of seeds is too narrow. The
 pass@4 rows of C2 are supplementary: added after the pilot showed pass@32 already at 1.00.
 
-`--smoke`: the whole path at toy size for CI (a 20-step pre-training, 2 RL steps, 1 seed, grpo and
+`--smoke`: the whole path at toy size for CI (a 4-step pre-training, 2 RL steps, 1 seed, grpo and
 tepo, 8 held-out problems with 4 samples, a checkpoint every step), in a few minutes.
 """
 import argparse
@@ -79,7 +79,7 @@ VARIANTS = {  # name -> train.py overrides
 }
 CONFIG = os.path.join(ROOT, "configs", "study.yaml")
 # --smoke: what CI can afford; the defaults of `run` are the study's.
-SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=20, base_eval=16,
+SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=4, base_eval=16,
              set=["prompts_per_step=4", "group_size=4", "eval_n=4", "eval_max_problems=8",
                   "eval_every=0", "save_every=1", "keep_last=1", "log_samples_every=0"])
 BOOT = 10_000            # bootstrap resamples

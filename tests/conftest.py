@@ -141,3 +141,49 @@ def read_metrics(out_dir):
     import json
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+# ----------------------------------------------------------------------------- the two-rank vLLM run
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory, boxed_model):
+    """The suite's one training run of 2 ranks with vLLM, as a user launches it (torchrun,
+    tests/train_patched.py), in the GPU's precision (a bf16 engine, train_dtype bfloat16 under
+    FSDP2's mixed precision, activation checkpointing, the packed layout with 128-token
+    micro-batches, 2 mini-batches): 4 steps in one go (saving at 2 and 4, evaluating at 0, 2 and 4
+    with 4 samples a problem), and a resume of it from step 2. The model answers \\boxed{7} or \\boxed{8} (boxed_model), so the toy
+    reward ('7' in the response) spreads every group and the held-out accuracy is neither 0 nor 1;
+    the reward draws from torch's, Python's and numpy's RNGs (--noisy-reward), so a resume equals
+    the run only if it restores all three, after vLLM's start (which seeds them). Read by
+    tests/test_train_e2e.py (resume, evaluation against eval.py, resharding onto one rank).
+    -> {"cfg", "common", "out_a", "out_b", "whole", "resumed", "held_out", "model", "tmp"}"""
+    import json
+    import shutil
+
+    import train
+    from test_train_e2e import run, setup_run
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    held_out = tmp / "held_out.jsonl"  # the last prompt is longer than max_prompt_len: dropped, counted
+    held_out.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in (
+        ("What is 3 plus 4?", "7"), ("What is 5 plus 3?", "8"), ("What is 2 plus 5?", "7"),
+        ("What is 1 plus 7?", "8"), ("What is 9 minus 1?", "8"), ("What is 12 minus 5?", "\\frac{14}{2}"),
+        ("Long " * 40 + "1 + 1?", "2"))))
+    common = dict(prompt_template=BOXED_TEMPLATE, save_every=2, eval_data=str(held_out), eval_every=2,
+                  eval_n=4, log_samples_every=2, format_reward=0.5, train_dtype="bfloat16", dtype="bfloat16",
+                  activation_checkpointing=True, micro_batch_layout="packed", num_minibatches=2,
+                  micro_batch_tokens=128)
+    cfg_a, out_a = setup_run(tmp, boxed_model, "whole", **common)
+    whole = run(cfg_a, nproc=2, patch=("--noisy-reward",))
+    # The resume: out_dir as a kill after step 4 was logged but before it was saved would leave it
+    # (the checkpoint of step 2; metrics and samples of steps 3 and 4, whose lines are dropped and
+    # logged anew), with half a line written last (dropped too, and said).
+    cfg_b, out_b = setup_run(tmp, boxed_model, "resumed", **common)
+    shutil.copytree(out_a, out_b, symlinks=True)
+    shutil.rmtree(os.path.join(out_b, "step_000004"))
+    os.remove(os.path.join(out_b, "final"))
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        with open(os.path.join(out_b, name), "a") as f:
+            f.write(json.dumps({"step": 3, "stale": True}) + "\n" + '{"step": 4, "rew')
+    resumed = run(cfg_b, "--resume", nproc=2, patch=("--noisy-reward",))
+    return dict(tmp=tmp, cfg=train.load_config(cfg_a), common=common, out_a=out_a, out_b=out_b, whole=whole,
+                resumed=resumed, held_out=str(held_out), model=boxed_model)

@@ -22,7 +22,7 @@ def sh(*cmd):
 def test_the_demo_pipeline_end_to_end(tmp_path):
     pytest.importorskip("matplotlib")
     demo_dir, py = str(tmp_path / "demo"), sys.executable
-    out = sh(py, "demo.py", "prepare", "--out", demo_dir, "--steps", "20", "--n-eval", "16")
+    out = sh(py, "demo.py", "prepare", "--out", demo_dir, "--steps", "4", "--n-eval", "16")
     assert re.search(r"held-out accuracy at T=1: [\d.]+% on 16 problems", out), out
     for split in ("train", "test", "sft"):
         assert os.path.getsize(os.path.join(demo_dir, "data", f"{split}.jsonl")) > 0

@@ -568,18 +568,18 @@ def failing_reward(share):
 def test_reward_errors_are_counted_and_too_many_stop_the_run(tmp_path, tiny_model_dir, train_main):
     """5% of responses raise and 5% hang: counted, rewards 0, the run goes on. 30% each: the run
     stops at step 1 with the error named, before any update."""
-    # reward_timeout 1 s: the injected hangs (1000 s) pass it, a loaded machine's ordinary calls do not
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf", steps=2, backend="hf", reward_timeout=1.0,
+    # reward_timeout 0.3 s: the injected hangs (1000 s) pass it; the toy reward's calls take microseconds
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf", steps=2, backend="hf", reward_timeout=0.3,
                          max_reward_errors=0.5)
     train_main("--config", cfg, reward_fn=failing_reward(0.05))
     rows = metrics(out)
     assert sum(r["reward/errors"] for r in rows) > 0 and sum(r["reward/timeouts"] for r in rows) > 0
-    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf_stop", steps=2, backend="hf", reward_timeout=1.0)
+    cfg, out = setup_run(tmp_path, tiny_model_dir, "rf_stop", steps=2, backend="hf", reward_timeout=0.3)
     with pytest.raises(UserError) as e:
         train_main("--config", cfg, reward_fn=failing_reward(0.3))
     # the first failure named, whichever kind it is (the sampled responses decide)
     assert re.match(r"step 1: \d+ reward calls raised and \d+ timed out of \d+ \(max_reward_errors=0\.1\); "
-                    r"first: (ValueError: grader bug|took over reward_timeout=1\.0s) \(rank \d", str(e.value)), e.value
+                    r"first: (ValueError: grader bug|took over reward_timeout=0\.3s) \(rank \d", str(e.value)), e.value
     assert not os.path.exists(os.path.join(out, "metrics.jsonl")) or not metrics(out)
 
 

@@ -6,27 +6,20 @@ of each of the seven benchmarks, and `eval.py --table` over the two checkpoints'
 
 The training is the GPU config's with vLLM on 2 ranks, as on the GPUs (bf16 sampling, the real
 tokenizer's chat template), with tests/test_gpu_configs.py's checks per step; the other configs
-train there in one process. eval.py judges step 2's checkpoint as a user runs it (vLLM) and step
-1's in this process with transformers' generate (the protocol does not record the engine).
+train there in one process. eval.py judges the checkpoints in this process with transformers'
+generate (the protocol does not record the engine; eval.py's own command line and vLLM path are
+tests/test_eval.py's).
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import eval as ev
 from data import load_problems
-from qwen_math import DATA_DIR, ROOT, SHARED, TOKENIZER_DIR, UPSTREAM, make_qwen_math_model, need_shared
-from test_data_fetch import Quiet, serve  # noqa: F401  (a fixture)
+from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, UPSTREAM, make_qwen_math_model, need_shared
+from test_data_fetch import serve  # noqa: F401  (a fixture)
 from test_gpu_configs import SIZES, check_run, torchrun
-
-
-def run(*cmd, timeout=900):
-    out = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"{' '.join(cmd)}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
-    return out
 
 
 @pytest.mark.slow
@@ -53,10 +46,7 @@ def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
         path = tmp_path / "eval" / step / "results.json"
         args = ["--ckpt", str(out_dir / step), "--preset", "paper", "--data-dir", str(data),
                 "--max-problems", "1", "--max-new-tokens", "4", "--out", str(path)]
-        if step == "step_000002":
-            run("eval.py", *args)
-        else:
-            ev.main(args + ["--backend", "hf"])
+        ev.main(args + ["--backend", "hf"])
         results.append(str(path))
     got = json.load(open(results[1]))
     p = got["protocol"]

@@ -8,7 +8,6 @@ spread and every step really changes the weights.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -57,40 +56,8 @@ def metrics(out_dir):
 
 
 # ----------------------------------------------------------------------------- the two-rank vLLM run
-# One run of 2 ranks with vLLM, as a user launches it, read by every test below that needs ranks
-# and the engine: 4 steps in one go (saving at 2 and 4, evaluating at 0, 2 and 4), and a resume of
-# it from step 2. The model answers \boxed{7} or \boxed{8} (conftest.boxed_model), so the toy
-# reward ('7' in the response) spreads every group and the held-out accuracy is neither 0 nor 1.
-# The reward draws from torch's, Python's and numpy's RNGs (--noisy-reward), so a resume equals the
-# run only if it restores all three, after vLLM's start (which seeds them).
-
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, boxed_model):
-    from conftest import BOXED_TEMPLATE
-    tmp = tmp_path_factory.mktemp("two_ranks")
-    held_out = tmp / "held_out.jsonl"  # the last prompt is longer than max_prompt_len: dropped, counted
-    held_out.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in (
-        ("What is 3 plus 4?", "7"), ("What is 5 plus 3?", "8"), ("What is 2 plus 5?", "7"),
-        ("What is 1 plus 7?", "8"), ("What is 9 minus 1?", "8"), ("What is 12 minus 5?", "\\frac{14}{2}"),
-        ("Long " * 40 + "1 + 1?", "2"))))
-    common = dict(prompt_template=BOXED_TEMPLATE, save_every=2, eval_data=str(held_out), eval_every=2,
-                  eval_n=4, log_samples_every=2, format_reward=0.5)
-    cfg_a, out_a = setup_run(tmp, boxed_model, "whole", **common)
-    whole = run(cfg_a, nproc=2, patch=("--noisy-reward",))
-    # The resume: out_dir as a kill after step 4 was logged but before it was saved would leave it
-    # (the checkpoint of step 2; metrics and samples of steps 3 and 4, whose lines are dropped and
-    # logged anew), with half a line written last (dropped too, and said).
-    cfg_b, out_b = setup_run(tmp, boxed_model, "resumed", **common)
-    shutil.copytree(out_a, out_b, symlinks=True)
-    shutil.rmtree(os.path.join(out_b, "step_000004"))
-    os.remove(os.path.join(out_b, "final"))
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        with open(os.path.join(out_b, name), "a") as f:
-            f.write(json.dumps({"step": 3, "stale": True}) + "\n" + '{"step": 4, "rew')
-    resumed = run(cfg_b, "--resume", nproc=2, patch=("--noisy-reward",))
-    return dict(tmp=tmp, cfg=train.load_config(cfg_a), out_a=out_a, out_b=out_b, whole=whole,
-                resumed=resumed, held_out=str(held_out), model=boxed_model)
-
+# conftest.two_ranks: the suite's one run of 2 ranks with vLLM in the GPU's precision, and a resume
+# of it, read by the tests below and by tests/test_bf16.py.
 
 @pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(two_ranks):
@@ -151,6 +118,7 @@ def test_training_evaluates_as_eval_py_does_on_any_number_of_ranks(two_ranks):
         got = ev.main(["--ckpt", ckpt, "--data", two_ranks["held_out"], "-n", "4", "--k", "1,2,4",
                        "--temperature", "1.0", "--top-p", "1.0", "--max-new-tokens", "24", "--seed", "0",
                        "--prompt-template", two_ranks["cfg"].prompt_template, "--max-problems", "6",
+                       "--dtype", two_ranks["cfg"].dtype,
                        "--out", str(two_ranks["tmp"] / f"eval{step}.json")])["benchmarks"]["held_out"]
         assert got["accuracy"] == rows[step]["eval/accuracy"], step
         assert [got[f"pass@{k}"] for k in (1, 2, 4)] == [rows[step][f"eval/pass@{k}"] for k in (1, 2, 4)], step
@@ -178,10 +146,9 @@ def test_a_run_saved_by_two_ranks_resumes_on_one(two_ranks, tmp_path):
     """A node lost: the checkpoint of 2 ranks resumes on 1 (a branch into a new out_dir). The
     optimizer state is resharded, not dropped: Adam's step count goes on from the saved one by the
     optimizer steps taken since (it would restart from 0 if not)."""
-    from conftest import BOXED_TEMPLATE
     saved = os.path.join(two_ranks["out_a"], "step_000002")
-    cfg, out = setup_run(tmp_path, two_ranks["model"], "reshard", prompt_template=BOXED_TEMPLATE, save_every=2,
-                         format_reward=0.5, train_data=two_ranks["cfg"].train_data)
+    cfg, out = setup_run(tmp_path, two_ranks["model"], "reshard", **two_ranks["common"],
+                         train_data=two_ranks["cfg"].train_data)
     res = run(cfg, "--resume", saved, patch=("--noisy-reward",))  # one process
     assert "was saved by 2 ranks, this run has 1" in res.stdout
     rows = metrics(out)

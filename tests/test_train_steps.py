@@ -5,11 +5,9 @@ mini-batches, the weight sync after a step with a skipped update, the held-out g
 thinking prompt. Each test here was written against a deliberate bug that the rest of the suite
 did not catch; the bug is named in its docstring."""
 import math
-import os
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 import reward
 import rollout
