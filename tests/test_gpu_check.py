@@ -11,13 +11,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-def test_gpu_check_passes_in_its_cpu_form():
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_check.py"), "--cpu"],
+def test_gpu_check_passes_in_its_cpu_form_without_vllm_or_weights(tmp_path):
+    """The CPU form as a GPU node without vLLM and without the hub would run it: --backend hf (the
+    engine's two checks SKIP, said, not counted) and --random-init on a directory with the model's
+    config.json and tokenizer files only; every other check passes, bf16's packed log-probs among
+    them, and the exit code is the number of FAILs: 0. (The engine's checks: the test below.)"""
+    import shutil
+
+    from demo import make_tiny_model
+    made = make_tiny_model(str(tmp_path / "made"), hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128,
+                           max_positions=512)
+    bare = tmp_path / "no_weights"
+    shutil.copytree(made, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_check.py"), "--cpu", "--backend", "hf",
+                          "--random-init", "--model", str(bare)],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = [line for line in run.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
-    assert [line.split()[0] for line in lines] == ["PASS"] * 7, run.stdout
-    assert "7 of 7 checks passed" in run.stdout
+    assert "(--random-init): rewards and accuracy mean nothing here" in run.stdout, run.stdout
+    lines = [line for line in run.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
+    assert [line.split()[0] for line in lines] == ["PASS"] * 4 + ["SKIP"] * 2 + ["PASS"] * 2, run.stdout
+    assert all("--backend hf: the engine is not checked" in line for line in lines if line.startswith("SKIP"))
+    assert "packed = own (bf16)" in run.stdout and "6 of 6 checks passed" in run.stdout
 
 
 BROKEN_SYNC = r'''
@@ -25,14 +39,16 @@ import sys, tempfile
 sys.path.insert(0, ROOT); sys.path.insert(0, ROOT + "/bench")
 import gpu_check, ranks, rollout
 from demo import make_tiny_model
-rollout.VLLMEngine.update_weights = lambda self, weights: None   # the weights never reach vLLM
-args = type("A", (), {"cpu": True, "config": ROOT + "/configs/math1.5b-tepo.yaml"})()
+args = type("A", (), {"cpu": True, "config": ROOT + "/configs/math1.5b-tepo.yaml", "backend": "vllm"})()
 with tempfile.TemporaryDirectory() as work:
     model = make_tiny_model(work + "/m", hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128,
                             max_positions=512)
     config = gpu_check.small_config(args, model, work)
     device = ranks.setup_distributed()[2]
     results = []
+    gpu_check.engine_and_sync(args, config, model, device, results)   # healthy
+    real = rollout.VLLMEngine.update_weights
+    rollout.VLLMEngine.update_weights = lambda self, weights: None   # the weights never reach vLLM
     gpu_check.engine_and_sync(args, config, model, device, results)
     print("RESULTS", results)
     ranks.end_distributed()
@@ -40,13 +56,15 @@ with tempfile.TemporaryDirectory() as work:
 
 
 @pytest.mark.slow
-def test_gpu_check_catches_a_weight_sync_that_does_not_arrive(tmp_path):
+def test_gpu_check_engine_checks_pass_a_sync_and_catch_one_that_does_not_arrive(tmp_path):
+    """Checks 3 and 4 with vLLM's CPU build: the engine beside the trainer and a weight sync pass;
+    with update_weights a no-op, the sync fails (its fresh samples keep the old weights)."""
     script = tmp_path / "broken.py"
     script.write_text(f"ROOT = {ROOT!r}\n" + BROKEN_SYNC)
     run = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
-    assert "RESULTS [True, False]" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
-    assert "FAIL  weight sync" in run.stdout
+    assert "RESULTS [True, True, True, False]" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "PASS  weight sync" in run.stdout and "FAIL  weight sync" in run.stdout
 
 
 # ----------------------------------------------------------------------------- 5. the gradients
