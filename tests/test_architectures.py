@@ -56,7 +56,7 @@ def test_rl_steps_resume_and_eval(tmp_path, arch, train_main):
     tests/test_train_e2e.py and tests/test_paper_path.py are Qwen2's."""
     chat = arch == "gemma3"
     model = make_arch_model(str(tmp_path / "model"), arch, chat=chat)
-    common = dict(steps=2, save_every=1, keep_last=0, num_minibatches=1, lr=1e-2, backend="hf",
+    common = dict(steps=2, save_every=1, keep_last=0, num_minibatches=1, lr=1e-2, backend="hf", max_new_tokens=12,
                   **({"prompt_template": None, "max_prompt_len": 96} if chat else {}))
     cfg_a, out_a = setup_run(tmp_path, model, "whole", **common)
     train_main("--config", cfg_a, reward_fn=noisy_reward)
@@ -88,7 +88,7 @@ def test_rl_steps_resume_and_eval(tmp_path, arch, train_main):
     bench.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
                              for i in range(4)))
     out = ev.main(["--ckpt", os.path.join(out_a, "final"), "--data", str(bench), "-n", "2", "--backend", "hf",
-                   "--temperature", "1.0", "--top-p", "1.0", "--max-new-tokens", "16",
+                   "--temperature", "1.0", "--top-p", "1.0", "--max-new-tokens", "8",
                    "--out", str(tmp_path / "eval" / "results.json")])
     assert out["benchmarks"]["held_out"]["problems"] == 4
     # vLLM samples what the trainer scores (fp32), before and after a sync of the step-1 weights

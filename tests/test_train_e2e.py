@@ -142,15 +142,17 @@ def adam_steps(ckpt):
 
 
 @pytest.mark.slow
-def test_a_run_saved_by_two_ranks_resumes_on_one(two_ranks, tmp_path):
-    """A node lost: the checkpoint of 2 ranks resumes on 1 (a branch into a new out_dir). The
-    optimizer state is resharded, not dropped: Adam's step count goes on from the saved one by the
-    optimizer steps taken since (it would restart from 0 if not)."""
+def test_a_run_saved_by_two_ranks_resumes_on_one(two_ranks, tmp_path, train_main, capsys):
+    """A node lost: the checkpoint of 2 ranks resumes on 1 (a branch into a new out_dir, in this
+    process: transformers' generate, a change that --allow-config-change records; the engine plays
+    no part in the optimizer state). The optimizer state is resharded, not dropped: Adam's step
+    count goes on from the saved one by the optimizer steps taken since (it would restart from 0)."""
     saved = os.path.join(two_ranks["out_a"], "step_000002")
     cfg, out = setup_run(tmp_path, two_ranks["model"], "reshard", **two_ranks["common"],
-                         train_data=two_ranks["cfg"].train_data)
-    res = run(cfg, "--resume", saved, patch=("--noisy-reward",))  # one process
-    assert "was saved by 2 ranks, this run has 1" in res.stdout
+                         train_data=two_ranks["cfg"].train_data, backend="hf")
+    capsys.readouterr()
+    train_main("--config", cfg, "--resume", saved, "--allow-config-change")
+    assert "was saved by 2 ranks, this run has 1" in capsys.readouterr().out
     rows = metrics(out)
     assert [r["step"] for r in rows] == [3, 4]
     first, resumed = adam_steps(saved), adam_steps(os.path.join(out, "step_000004"))
