@@ -1,4 +1,30 @@
-"""Fixtures shared by the test files: tiny random models written once per test session."""
+"""Fixtures shared by the test files, and how the suite is organised: most of its time is the
+start of processes and engines, so a test joins a launch that exists before it adds one.
+
+In this process (no subprocess, ~0.5-2 s a run): `train_main(*argv)` runs train.main on one rank
+(gloo), as `python train.py ARGS` does but raising a bad input's UserError to the test;
+`train_here(name, **config)` does so on a small config of its own (transformers' generate, the toy
+reward); `one_rank` gives a process group of one for calling train.py's phases directly. Use these
+for anything one rank and transformers' generate can show: the RL step's wiring, configs, losses,
+resumes, errors. A vLLM engine may be started in this process too (tests/test_rollout.py,
+tests/test_architectures.py, eval.py on one process): close it, or a later in-process run finds
+its process group.
+
+Launched once per session, read by many tests:
+  two_ranks      the suite's one training run of 2 ranks with vLLM (torchrun), in bf16, 4 steps with
+                 saves and held-out evaluation, and a resume of it (tests/test_train_e2e.py: resume
+                 equals uninterrupted, train.evaluate equals eval.py, resharding onto one rank);
+  boxed_model    a tiny model pre-trained to answer \\boxed{7} or \\boxed{8}, for real grading
+                 (two_ranks, tests/test_eval.py, tests/test_every_setting.py's graders);
+  tiny_model_dir the tiny random Qwen2 of most runs.
+Launches of their own, because what they test is a process, a launcher, ranks or an engine: the
+eight-rank run (collectives), the kills (tests/test_faults.py, bench/fault_inject.py), two nodes,
+the README's demo and paper-path commands, torchrun's report of a bad input, vLLM's start-up
+logging and its engines under torchrun, the study runner, bf16 against fp32 on 2 ranks, the
+trackers across a resume. tests/train_patched.py holds the patches a launched train.py takes
+(rewards, faults, dumps); in this process the tests patch with monkeypatch instead.
+The slow tier (`-m slow`) is what launches or trains more than a few seconds; CI runs both tiers.
+"""
 import os
 import sys
 

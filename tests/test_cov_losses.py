@@ -236,6 +236,7 @@ def selections(tmp_path, nproc, monkeypatch, capsys):
     return {method: {(i, t) for i, ts in seqs.items() for t in ts} for method, seqs in merged.items()}
 
 
+@pytest.mark.slow
 def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeypatch, capsys):
     """12 responses (66 tokens, n = 6), 3 on rank 0 and 9 on rank 1. KL-Cov's top share over two
     ranks is exactly one process's, and the reference's on the whole batch; per rank (each its own

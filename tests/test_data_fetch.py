@@ -70,6 +70,7 @@ def pytest_run(env, *tests):
     return out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_the_data_and_tokenizer_come_from_the_environment_or_a_skip_says_how(tmp_path, monkeypatch):
     """Where ../shared is not beside the checkout: a test that needs the data sets or the tokenizer
     skips saying what it needs and how to provide it (data.py fetch into $TEPO_DATA_DIR, the

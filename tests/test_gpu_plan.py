@@ -63,6 +63,7 @@ def plan_figures(config, model, gpu, equal=0.4):
                          150, None, equal)
 
 
+@pytest.mark.slow
 def test_the_readmes_plan_table_is_what_gpu_plan_computes(capsys):
     """README's memory and step-time table: each figure as bench/gpu_plan.py computes it for its
     row (estimates; 40% of groups with equal rewards), so that an edit of the formulas or configs

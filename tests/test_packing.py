@@ -375,6 +375,7 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.slow
 def test_balance_ranks_on_two_gloo_ranks_deals_as_before_and_moves_each_sequence_once(tmp_path):
     """balance_ranks on two gloo ranks: each rank's mini-batches are those of gathering every
     sequence on every rank and dealing them (the way of before), and the bytes a rank receives are

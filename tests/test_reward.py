@@ -789,6 +789,7 @@ def _fuzz():
     assert sum(times) / len(times) < 0.05, sum(times) / len(times)
 
 
+@pytest.mark.slow
 def test_hostile_inputs_with_the_second_opinion_in_a_thread():
     """The same battery through the default grader (math-verify asked where the rules cannot read),
     off the main thread, where math-verify's own timeouts do not run: no exception, and every call

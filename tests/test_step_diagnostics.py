@@ -97,6 +97,7 @@ ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may 
 '''
 
 
+@pytest.mark.slow
 def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     """Two gloo ranks: the tail from each rank's largest values equals the one over all values;
     pass@k equals 1 - C(n-c, k)/C(n, k) averaged over problems, whichever rank holds them; the

@@ -208,6 +208,7 @@ def test_run_summary_reads_the_measures_of_the_hypotheses(synthetic_study):
     assert slow["pass@1_last_gain"] == pytest.approx(0.05)  # 0.3 + 0.01 step: 0.65 -> 0.70, still rising
 
 
+@pytest.mark.slow
 def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_path):
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir()
@@ -261,6 +262,7 @@ def test_report_gives_the_verdicts_the_data_were_made_for(synthetic_study, tmp_p
     assert again.split("<!-- generated: begin -->")[1].split("\n", 2)[2] == text.split("<!-- generated: begin -->")[1].split("\n", 2)[2]
 
 
+@pytest.mark.slow
 def test_another_tasks_report_has_its_own_markers_and_plots(synthetic_study, tmp_path):
     """A study of the shortcut task writes between its own markers and into study_shortcut_*.png:
     the chain study's section and plots in the same RESULTS.md stay as they are."""
@@ -294,6 +296,7 @@ def test_another_tasks_report_has_its_own_markers_and_plots(synthetic_study, tmp
         study.main(["report", "--out", str(synthetic_study), "--doc", str(doc)])
 
 
+@pytest.mark.slow
 def test_the_entropy_study_reads_its_own_hypotheses(synthetic_study, tmp_path):
     """As docs/RESULTS.md wrote them for the shortcut task: C1 at 0.8 unless told otherwise, TEPO
     against the entropy-control baselines two-sided, no "about half" note on C1, and a study
@@ -360,6 +363,7 @@ def test_verdict_either_side():
         "TEPO higher", "TEPO lower", "not separable at this scale", "not separable at this scale"]
 
 
+@pytest.mark.slow
 def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
     runs, _ = study.load_study(str(synthetic_study))
     assert list(runs) == list(study.VARIANTS) and sorted(runs["grpo"]) == [0, 1, 2, 3]
@@ -373,6 +377,7 @@ def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
     assert lo[0] < mean[0] < hi[0]
 
 
+@pytest.mark.slow
 def test_a_smoke_studys_report_gives_the_command_that_made_it(synthetic_study, tmp_path):
     """A smoke study run with a --set of its own is reproduced with it (without the smoke's own
     settings, which --smoke adds): the command the report prints is one `run` accepts on that OUT."""

@@ -168,6 +168,7 @@ ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may 
 '''
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_fills_the_global_quota_and_counts_by_correctness(tmp_path):
     """2 gloo ranks, P = 4 groups of 2, a format reward of 0.5 (a wrong boxed answer earns 0.5).
     Draw 1: rank 0 holds 2 informative groups, rank 1 none (2 of 4). Draw 2: rank 0 has 4, rank 1
