@@ -717,7 +717,8 @@ def cmd_report(args):
     docs_dir = os.path.dirname(os.path.abspath(args.doc))
     pngs = plot_curves(runs, docs_dir, threshold, task)
     seeds = sorted({s for v in runs.values() for s in v})
-    run_args = (["--task", task, "--smoke", *sum((["--set", s] for s in settings["set"][len(SMOKE["set"]):]), [])]
+    run_args = (["--task", task, "--smoke", "--nproc", str(settings["nproc"]),
+                 *sum((["--set", s] for s in settings["set"][len(SMOKE["set"]):]), [])]
                 if settings["smoke"] else
                 ["--task", task, "--seeds", *map(str, seeds), "--steps", str(settings["steps"]),
                  "--variants", *runs, "--nproc", str(settings["nproc"]),

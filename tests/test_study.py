@@ -4,6 +4,7 @@ killed mid-way, report)."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -378,19 +379,24 @@ def test_pass_at_k_plot_and_bands_from_metrics_files(synthetic_study, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_smoke_studys_report_gives_the_command_that_made_it(synthetic_study, tmp_path):
+def test_a_smoke_studys_report_gives_the_command_that_made_it(synthetic_study, tmp_path, monkeypatch):
     """A smoke study run with a --set of its own is reproduced with it (without the smoke's own
-    settings, which --smoke adds): the command the report prints is one `run` accepts on that OUT."""
-    settings = json.loads((synthetic_study / "study.json").read_text())
-    settings.update(smoke=True, set=study.SMOKE["set"] + ["backend=hf"])
-    (synthetic_study / "study.json").write_text(json.dumps(settings))
+    settings, which --smoke adds) and with its --nproc (left out, a smoke study of another --nproc
+    than 2 was refused as other settings): the command the report prints is one `run` accepts on
+    that OUT."""
+    monkeypatch.setattr(study, "prepare_base", lambda *a, **k: None)  # nothing is launched here
+    monkeypatch.setattr(study, "run_one", lambda *a, **k: None)
+    (synthetic_study / "study.json").unlink()  # the settings of a smoke study of one process
+    study.main(["run", "--smoke", "--nproc", "1", "--set", "backend=hf", "--out", str(synthetic_study)])
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir()
     doc.write_text("<!-- generated: begin -->\n<!-- generated: end -->\n")
     study.main(["report", "--out", str(synthetic_study), "--threshold", "0.6", "--doc", str(doc)])
     command = next(line for line in doc.read_text().splitlines() if line.startswith("Reproduce:"))
-    assert f"run --out {synthetic_study} --task chain --smoke --set backend=hf &&" in command, command
+    assert f"run --out {synthetic_study} --task chain --smoke --nproc 1 --set backend=hf &&" in command, command
     assert "save_every" not in command
+    argv = shlex.split(command.split("python bench/study.py ", 1)[1].split(" && ")[0])
+    study.main(argv)  # accepted: the same settings (other ones exit, naming them)
 
 
 def test_report_refuses_a_doc_without_markers(synthetic_study, tmp_path):
@@ -450,8 +456,22 @@ def study_cmd(*args):
     return [sys.executable, os.path.join(ROOT, "bench", "study.py"), *args]
 
 
+def test_a_run_is_one_process_or_torchrun_by_nproc():
+    """train_cmd: `python train.py` for one process, torchrun for several, the study's --set and the
+    variant's after the run's own keys, always --resume (the smoke study below runs one process)."""
+    settings = {"steps": 3, "set": ["eval_n=4"], "config": "configs/study.yaml"}
+    for nproc, head in ((1, [sys.executable]),
+                        (2, [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"])):
+        cmd = study.train_cmd("/o", "tepo-nomask", 1, {**settings, "nproc": nproc})
+        assert cmd[:len(head)] == head and cmd[len(head)] == os.path.join(ROOT, "train.py")
+        sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+        assert sets[:6] == ["model=/o/base/model", "train_data=/o/base/data/train.jsonl",
+                            "eval_data=/o/base/data/test.jsonl", "out_dir=/o/tepo-nomask-s1", "seed=1", "steps=3"]
+        assert sets[6:] == ["eval_n=4", *study.VARIANTS["tepo-nomask"]] and cmd[-1] == "--resume"
+
+
 # The runner is under test, not the engine: transformers' generate starts in a fraction of vLLM's
-# time (vLLM's sampling is tested by tests/test_rollout.py and every end-to-end training test).
+# time (vLLM's sampling is tested by tests/test_rollout.py and the two-rank runs).
 SMOKE_RUN = ("--smoke", "--set", "backend=hf")
 
 
@@ -508,5 +528,5 @@ def test_smoke_study_runs_skips_finished_runs_resumes_a_killed_one_and_reports(t
     study.main(["report", "--out", str(out), "--doc", str(doc)])
     text = doc.read_text()
     assert text.startswith("hand\n") and "| grpo | 1 |" in text and "| tepo | 1 |" in text
-    assert "python bench/study.py run --out" in text and "--smoke --set backend=hf" in text
+    assert "python bench/study.py run --out" in text and "--smoke --nproc 2 --set backend=hf" in text
     assert (doc.parent / "study_eval_accuracy.png").exists() and (doc.parent / "study_pass_at_k.png").exists()
