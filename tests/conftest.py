@@ -11,8 +11,8 @@ tests/test_architectures.py, eval.py on one process): close it, or a later in-pr
 its process group.
 
 Launched once per session, read by many tests:
-  two_ranks      the suite's one training run of 2 ranks with vLLM (torchrun), in bf16, 4 steps with
-                 saves and held-out evaluation, and a resume of it (tests/test_train_e2e.py: resume
+  two_ranks      the suite's one training run of 2 ranks with vLLM (torchrun), GRPO in bf16, 4 steps
+                 with saves and held-out evaluation, and a resume of it (tests/test_train_e2e.py: resume
                  equals uninterrupted, train.evaluate equals eval.py, resharding onto one rank);
   boxed_model    a tiny model pre-trained to answer \\boxed{7} or \\boxed{8}, for real grading
                  (two_ranks, tests/test_eval.py, tests/test_every_setting.py's graders);
@@ -174,7 +174,8 @@ def read_metrics(out_dir):
 @pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory, boxed_model):
     """The suite's one training run of 2 ranks with vLLM, as a user launches it (torchrun,
-    tests/train_patched.py), in the GPU's precision (a bf16 engine, train_dtype bfloat16 under
+    tests/train_patched.py): GRPO, whose reference model is forwarded in lock-step beside the
+    policy and rebuilt by the resume, and whose KL term trains every response; in the GPU's precision (a bf16 engine, train_dtype bfloat16 under
     FSDP2's mixed precision, activation checkpointing, the packed layout with 128-token
     micro-batches, 2 mini-batches): 4 steps in one go (saving at 2 and 4, evaluating at 0, 2 and 4
     with 4 samples a problem), and a resume of it from step 2. The model answers \\boxed{7} or \\boxed{8} (boxed_model), so the toy
@@ -194,7 +195,7 @@ def two_ranks(tmp_path_factory, boxed_model):
         ("What is 3 plus 4?", "7"), ("What is 5 plus 3?", "8"), ("What is 2 plus 5?", "7"),
         ("What is 1 plus 7?", "8"), ("What is 9 minus 1?", "8"), ("What is 12 minus 5?", "\\frac{14}{2}"),
         ("Long " * 40 + "1 + 1?", "2"))))
-    common = dict(prompt_template=BOXED_TEMPLATE, save_every=2, eval_data=str(held_out), eval_every=2,
+    common = dict(method="grpo", prompt_template=BOXED_TEMPLATE, save_every=2, eval_data=str(held_out), eval_every=2,
                   eval_n=4, log_samples_every=2, format_reward=0.5, train_dtype="bfloat16", dtype="bfloat16",
                   activation_checkpointing=True, micro_batch_layout="packed", num_minibatches=2,
                   micro_batch_tokens=128)

@@ -6,11 +6,11 @@ the chat template, activation checkpointing, bf16 sampling, the method's preset,
 schedule.
 
 One config per loss family (RUN) trains 2 RL steps in this process on one rank (train.main) with
-transformers' generate in bf16, on MATH's first rows, and saves; grpo resumes for a third step (which rebuilds the reference: a resume
-has no code of its own per method). The config with vLLM on 2 ranks, as on the GPUs, is tepo's, in
-tests/test_paper_path.py, with the same checks per step, and eval.py judges its checkpoints there;
-grpo's reference on 2 ranks is the smoke study's (tests/test_study.py), dynamic sampling's quota
-over 2 ranks tests/test_train_rules.py's, Clip-Cov's and KL-Cov's choice over 2 ranks
+transformers' generate in bf16, on MATH's first rows, and saves. The config with vLLM on 2 ranks,
+as on the GPUs, is tepo's, in tests/test_paper_path.py, with the same checks per step, and eval.py
+judges its checkpoints there; grpo's reference on 2 ranks, and its rebuild by a resume (a resume
+has no code of its own per method), are the suite's two-rank run's (conftest.two_ranks), dynamic
+sampling's quota over 2 ranks tests/test_train_rules.py's, Clip-Cov's and KL-Cov's choice over 2 ranks
 tests/test_cov_losses.py's. What a resume checks of the config does depend on the method
 (config.run_values: the preset), and every config's round trip is checked below, as is every
 file's resolution to its method's preset with the shared GPU settings. Skips, saying what is
@@ -26,8 +26,8 @@ import pytest
 
 from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, make_qwen_math_model, need_shared
 
-# One config per loss family trains here: grpo (token ratio, the reference model and its KL term;
-# it also resumes), dapo (dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the
+# One config per loss family trains here: grpo (token ratio, the reference model and its KL term),
+# dapo (dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the
 # covariance selection over the mini-batch, from its extra forward pass); tepo (sequence ratio, the
 # KL mask) with vLLM on 2 ranks in tests/test_paper_path.py. drgrpo, gspo and clipcov differ from
 # these only inside tepo.policy_loss, checked token by token in tests/test_tepo.py and
@@ -106,11 +106,7 @@ def test_gpu_config_runs_and_resumes(method, qwen_model, tmp_path, train_main):
                  f"out_dir={out_dir}", "backend=hf", *SIZES]
     sets = [a for o in overrides for a in ("--set", o)]
     train_main("--config", path, *sets, reward_fn=parity_reward)
-    last = 2
-    if method == "grpo":  # the resume: see the docstring
-        train_main("--config", path, *sets, "--set", "steps=3", "--resume", reward_fn=parity_reward)
-        last = 3
-    check_run(str(out_dir), method, last)
+    check_run(str(out_dir), method, 2)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -118,8 +114,8 @@ def test_every_gpu_config_resumes_as_itself(path, tmp_path):
     """What a checkpoint records of the config (train_config.yaml, as checkpoint.py writes it) reads
     back as the same run, method preset and loss keys included, for every config: the resume check
     (runs.resumed_config) lets each resume with its own file and more steps, and refuses another
-    method's file. (The resume itself, which has no code per method, runs in
-    test_gpu_config_runs_and_resumes[grpo].)"""
+    method's file. (The resume itself, which has no code per method, runs in the suite's two-rank
+    run, GRPO's: conftest.two_ranks.)"""
     import yaml
     import config
     import runs
