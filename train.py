@@ -48,7 +48,8 @@ import eval as ev
 from packing import balance_ranks, lockstep_forwards
 from checkpoint import TrainState, check_checkpoint, load_training_state, save_checkpoint, set_rng_states
 from policy import full_tensor, full_weights, load_policy
-from ranks import all_ranks, end_distributed, global_tail, keep_largest, run_main, setup_distributed, tail_size
+from ranks import (all_ranks, end_distributed, global_tail, keep_largest, placement, run_main,
+                   setup_distributed, tail_size)
 from runs import check_shared_dir, checkpoint_to_resume, cut_back_log, record_config, resumed_config
 from trackers import check_installed, open_trackers
 
@@ -196,6 +197,10 @@ def setup(cfg, *, resume, overwrite=False, allow_config_change=False):
     which a fresh start or a branch shares with no other run (`overwrite` deletes one found there).
     -> Run"""
     rank, world, device = setup_distributed()
+    if rank == 0:
+        for line in placement(world, device):
+            if line:
+                print(line, flush=True)
     if cfg.prompts_per_step % world:
         raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
     check_installed(cfg.loggers)  # before the loading: a missing tracker package stops the run now

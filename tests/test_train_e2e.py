@@ -65,6 +65,8 @@ def test_resumed_run_equals_uninterrupted_run(two_ranks):
     metrics and samples logged after the checkpoint cut back, a torn line dropped and said. A
     held-out prompt longer than max_prompt_len is dropped and counted, not fatal."""
     out_a, out_b, res = two_ranks["out_a"], two_ranks["out_b"], two_ranks["resumed"]
+    # the start names where the ranks run, once (rank 0)
+    assert res.stdout.count("ranks: 2 processes on the CPU (gloo)") == 1, res.stdout[:2000]
     assert sorted(os.listdir(out_a)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
                                          "step_000002", "step_000004"]  # keep_last 2
     for name in ("metrics.jsonl", "samples.jsonl"):

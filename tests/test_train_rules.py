@@ -210,3 +210,17 @@ def test_thinking_is_graded_after_it_ends_and_counts_toward_the_cap():
     inside = Sample([1], [5] * 10, "so \\boxed{7}", [0.0] * 10, "length")  # the prompt opened <think>
     assert train.shaped_reward(cfg, reward.math_reward, inside, "7", prompt="User: 3+4?\n<think>\n") == (-1.0, False)
     assert train.shaped_reward(cfg, reward.math_reward, inside, "7", prompt="User: 3+4?\n")[1]
+
+
+def test_the_start_names_the_ranks_and_warns_of_idle_gpus():
+    """ranks.placement_text: plain `python train.py` on an 8-GPU node runs one rank on GPU 0 with
+    the whole batch; the start says so and names the torchrun command. No warning where every
+    visible GPU has a rank (torchrun's 8), nor on the CPU."""
+    from ranks import placement_text
+    line, warn = placement_text(1, 1, "cuda", 8, "NVIDIA H200")
+    assert line == "ranks: 1 rank, 1 on this node, one GPU each (NVIDIA H200; nccl)"
+    assert warn.startswith("warning: this node has 8 GPUs and 1 rank run on it: 7 GPUs stay idle")
+    assert "torchrun --nproc_per_node 8 train.py" in warn
+    assert placement_text(16, 8, "cuda", 8, "NVIDIA H100")[1] is None  # 2 nodes of 8
+    assert placement_text(2, 2, "cpu", 0) == ("ranks: 2 processes on the CPU (gloo)", None)
+    assert placement_text(1, 1, "cpu", 4)[1] is None  # a CPU run never warns about GPUs
