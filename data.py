@@ -143,14 +143,17 @@ def resolve_model(name):
             raise UserError(f"model directory {name} has no config.json")
         return name
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise FileNotFoundError(f"model directory not found: {name}")
+        raise FileNotFoundError(f"model directory not found: {name} (give a directory with config.json, "
+                                f"weights and tokenizer, or a hub name such as Qwen/Qwen2.5-Math-1.5B)")
     from huggingface_hub import snapshot_download
     try:
         return snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt",
                                                        "*.model", "*.tiktoken", "*.jinja"])
     except Exception as e:
-        raise UserError(f"model {name!r} is not a local directory, and the hub did not "
-                        f"give it ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise UserError(f"model {name!r} is not a local directory, and the hub did not give it "
+                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]}): download it where the "
+                        f"hub is reachable (`hf download {name} --local-dir DIR`) and give the "
+                        f"directory (`--set model=DIR`)") from None
 
 
 def take_prompts(rows, pos, count, seed):

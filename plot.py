@@ -8,6 +8,7 @@ against the RL step, one line per run. matplotlib is an optional dependency: `pi
 import argparse
 import json
 import os
+import sys
 
 PANELS = [  # (title, [(metric, label suffix)])
     ("reward / train accuracy", [("reward/mean", "reward"), ("reward/accuracy", "accuracy")]),
@@ -41,7 +42,8 @@ def run_names(dirs):
 def read_metrics(run_dir):
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}")
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}: give train.py's out_dir (it writes "
+                                f"metrics.jsonl from the first step or the step-0 evaluation on)")
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -62,7 +64,11 @@ def main(argv=None):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("plot.py needs matplotlib: pip install matplotlib") from None
-    runs = {name: read_metrics(d) for name, d in zip(run_names(args.runs), args.runs)}
+    try:
+        runs = {name: read_metrics(d) for name, d in zip(run_names(args.runs), args.runs)}
+    except FileNotFoundError as e:  # bad input: one line and exit code 2, as train.py's errors
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (title, keys) in zip(axes.flat, PANELS):

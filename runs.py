@@ -46,6 +46,18 @@ def clear_run(out_dir):
                 os.remove(path)
 
 
+def check_resume_path(resume):
+    """--resume CKPT names a checkpoint that exists, checked before anything is written (a missing
+    one used to be answered about newer checkpoints, and left an empty out_dir behind)."""
+    if resume in (None, "latest") or os.path.isdir(resume):
+        return
+    where = os.path.dirname(os.path.abspath(resume))
+    have = [os.path.basename(c) for c in list_checkpoints(where)] if os.path.isdir(where) else []
+    raise UserError(f"--resume {resume}: no such checkpoint"
+                    + (f" ({where} holds {', '.join(have)}: older ones are deleted past keep_last)" if have else "")
+                    + ": give one that exists, or --resume alone to continue from out_dir's newest")
+
+
 def check_shared_dir(out_dir, rank, world):
     """Fail early unless every rank sees out_dir as rank 0 does (a collective).
 

@@ -50,7 +50,8 @@ from checkpoint import TrainState, check_checkpoint, load_training_state, save_c
 from policy import full_tensor, full_weights, load_policy
 from ranks import (all_ranks, end_distributed, global_tail, keep_largest, placement, run_main,
                    setup_distributed, tail_size)
-from runs import check_shared_dir, checkpoint_to_resume, cut_back_log, record_config, resumed_config
+from runs import (check_resume_path, check_shared_dir, checkpoint_to_resume, cut_back_log, record_config,
+                  resumed_config)
 from trackers import check_installed, open_trackers
 
 # ----------------------------------------------------------------------------- the records of a step
@@ -204,6 +205,7 @@ def setup(cfg, *, resume, overwrite=False, allow_config_change=False):
     if cfg.prompts_per_step % world:
         raise UserError(f"config: prompts_per_step={cfg.prompts_per_step} must divide by the {world} ranks")
     check_installed(cfg.loggers)  # before the loading: a missing tracker package stops the run now
+    check_resume_path(resume)
     model_dir = resolve_model(cfg.model)
     why = rollout.cannot_sync(model_dir, cfg.backend)
     if why:

@@ -194,6 +194,8 @@ def test_config_errors_are_one_line_without_traceback(tmp_path, tiny_model_dir, 
              (["--set", "group_size=1", "--set", f"model={tiny_model_dir}"], "group_size must be >= 2"),
              (["--set", f"model={tmp_path / 'missing'}"], "model directory not found"),
              (["--set", "model=runs/missing"], "is not a local directory, and the hub"),
+             (["--set", "model=runs/missing"], "(`hf download runs/missing --local-dir DIR`) and give the "
+                                               "directory (`--set model=DIR`)"),
              (["--set", f"model={no_tok}"], "has no tokenizer")]
     # as a user runs it, once (run_main's one line, exit 2, no traceback, whatever the input) ...
     res = train_cli(*common, *cases[0][0])
@@ -206,6 +208,25 @@ def test_config_errors_are_one_line_without_traceback(tmp_path, tiny_model_dir, 
         with pytest.raises((UserError, FileNotFoundError), match=re.escape(want)):
             train_main(*common, *extra)
         assert len(capfd.readouterr().err.strip().splitlines()) <= 2
+
+
+def test_resume_of_a_missing_checkpoint_says_so_and_writes_nothing(tmp_path, tiny_model_dir, train_main):
+    """--resume of a pruned (or mistyped) checkpoint: the error says it does not exist and lists the
+    ones there, before anything is written (it used to answer about newer checkpoints, and a new
+    out_dir was left behind, empty)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    old_run = tmp_path / "old"
+    for name in ("step_000200", "step_000300"):
+        (old_run / name).mkdir(parents=True)
+    common = ["--set", f"train_data={data}", "--set", f"model={tiny_model_dir}"]
+    with pytest.raises(UserError, match=re.escape(f"--resume {old_run}/step_000100: no such checkpoint "
+                                                  f"({old_run} holds step_000200, step_000300: older ones")):
+        train_main(*common, "--set", f"out_dir={tmp_path / 'branch'}", "--resume", f"{old_run}/step_000100")
+    assert not (tmp_path / "branch").exists()
+    with pytest.raises(UserError, match="no such checkpoint: give one that exists"):
+        train_main(*common, "--set", f"out_dir={tmp_path / 'new'}", "--resume", f"{tmp_path}/nowhere/step_1")
+    assert not (tmp_path / "new").exists()
 
 
 @pytest.mark.slow

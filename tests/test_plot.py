@@ -1,9 +1,14 @@
 """plot.py turns metrics.jsonl into a PNG (matplotlib is optional: skipped without it)."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 import plot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_plot_writes_a_png(tmp_path):
@@ -24,6 +29,12 @@ def test_plot_writes_a_png(tmp_path):
 def test_plot_names_a_missing_metrics_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         plot.read_metrics(str(tmp_path))
+    # as a user runs it: one line naming the fix and exit code 2, no traceback
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "plot.py"), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: no metrics.jsonl in {tmp_path}: give train.py's out_dir (it writes metrics.jsonl "
+        f"from the first step or the step-0 evaluation on)"], res.stderr
 
 
 def test_reward_and_accuracy_both_show_when_equal(tmp_path):
