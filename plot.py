@@ -1,9 +1,9 @@
 """Curves of a training run: `python plot.py RUN_DIR [RUN_DIR ...] [--out curves.png]`.
 
 Reads each run's metrics.jsonl (written by train.py) and draws reward and accuracy, held-out
-accuracy (pass@1, and pass@4 and pass@32 where the run sampled that many: entropy collapse shows
-as pass@32 falling while pass@1 rises), policy entropy, response length and KL diagnostics
-against the RL step, one line per run. matplotlib is an optional dependency: `pip install matplotlib`.
+accuracy (pass@1 with its 95% interval over the problems, and pass@4 and pass@32 where the run
+sampled that many: entropy collapse shows as pass@32 falling while pass@1 rises), policy entropy,
+response length and KL diagnostics against the RL step, one line per run. matplotlib is an optional dependency: `pip install matplotlib`.
 """
 import argparse
 import json
@@ -53,6 +53,14 @@ def series(rows, key):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def interval(rows, key):
+    """(steps, low, high) of `key`'s 95% interval where train.py logged one (`<key>_ci95`, the
+    half-width: eval/accuracy's over the held-out problems), else None."""
+    pts = [(r["step"], r[key] - r[key + "_ci95"], r[key] + r[key + "_ci95"]) for r in rows
+           if r.get(key) is not None and r.get(key + "_ci95") is not None]
+    return tuple(zip(*pts)) if pts else None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories (train.py's out_dir)")
@@ -85,6 +93,9 @@ def main(argv=None):
                     style.update(STYLES.get(key, {}))
                     ax.plot(x, y, marker="o" if len(x) < 30 else None, ms=3, label=label or None,
                             **style)
+                    band = interval(rows, key)
+                    if band:  # the held-out accuracy's 95% interval over the problems
+                        ax.fill_between(band[0], band[1], band[2], color=style["color"], alpha=0.2, lw=0)
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

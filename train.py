@@ -706,19 +706,31 @@ def evaluate(run):
     failed = sum(f for _, _, f, _ in problems)
     if failed:  # on record only where it happened, as a fault
         out["eval/grader_failures"] = failed
+    accuracies = [c / cfg.eval_n for _, c, _, _ in problems]
+    half = held_out_interval(accuracies)[1]
+    if half is not None:  # plot.py draws it around the accuracy
+        out["eval/accuracy_ci95"] = half
     if run.rank == 0:  # above the progress bar, which shows the training accuracy
-        tqdm.write(held_out_line(run.state.step, [c / cfg.eval_n for _, c, _, _ in problems], cfg.eval_n))
+        tqdm.write(held_out_line(run.state.step, accuracies, cfg.eval_n))
     return out
 
 
-def held_out_line(step, accuracies, n):
-    """'step 10: held-out accuracy 62.2% ± 4.3 (95%, 500 problems x 1 sample)': the line rank 0
-    prints at each held-out evaluation, from each problem's share of its n correct samples; the
-    interval is --table's (Student's t over the problems)."""
+def held_out_interval(accuracies):
+    """(mean, half-width of its 95% interval, None for one problem) of the problems' accuracies,
+    each a problem's share of its samples that were right: --table's interval (Student's t over
+    the problems), which counts the problems, not the samples, as the draws."""
     p = len(accuracies)
     mean = sum(accuracies) / max(p, 1)
     half = (table.t975(p - 1) * math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (p - 1) / p)
             if p > 1 else None)
+    return mean, half
+
+
+def held_out_line(step, accuracies, n):
+    """'step 10: held-out accuracy 62.2% ± 4.3 (95%, 500 problems x 1 sample)': the line rank 0
+    prints at each held-out evaluation (held_out_interval's numbers)."""
+    p = len(accuracies)
+    mean, half = held_out_interval(accuracies)
     interval = f" ± {100 * half:.1f} (95%, " if half is not None else " ("
     return (f"step {step}: held-out accuracy {100 * mean:.1f}%{interval}{p} problem{'s' * (p != 1)} "
             f"x {n} sample{'s' * (n != 1)})")

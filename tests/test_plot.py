@@ -24,6 +24,12 @@ def test_plot_writes_a_png(tmp_path):
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert plot.series(rows, "eval/accuracy") == ([0], [0.2])
+    assert plot.interval(rows, "eval/accuracy") is None  # no interval logged: none drawn
+    rows[0]["eval/accuracy_ci95"] = 0.05
+    rows.append({"step": 5, "eval/accuracy": 0.4, "eval/accuracy_ci95": 0.1})
+    steps, low, high = plot.interval(rows, "eval/accuracy")
+    assert steps == (0, 5) and low == pytest.approx((0.15, 0.3)) and high == pytest.approx((0.25, 0.5))
+    plot.main([str(run)])  # drawn with the band
 
 
 def test_plot_names_a_missing_metrics_file(tmp_path):

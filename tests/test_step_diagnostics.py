@@ -126,8 +126,12 @@ def test_log_ratio_tail_pass_at_k_and_mismatch_over_two_ranks(tmp_path):
     assert abs(cov) > 0.05 and batch["actor/cov_logp_adv"] == pytest.approx(cov, rel=1e-6)
     correct, n = [[0, 1, 3, 8, 5][i % 5] for i in range(300)], 8
     want = {k: np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for c in correct]) for k in (1, 2, 4, 8)}
-    assert set(res["eval"]) == {"eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/pass@8"}
+    assert set(res["eval"]) == {"eval/accuracy", "eval/accuracy_ci95", "eval/pass@1", "eval/pass@2",
+                                "eval/pass@4", "eval/pass@8"}
     assert res["eval"]["eval/accuracy"] == pytest.approx(sum(correct) / (300 * n))
+    # the 95% interval's half-width: Student's t over the 300 problems' accuracies (t_299 = 1.968)
+    acc = np.array(correct) / n
+    assert res["eval"]["eval/accuracy_ci95"] == pytest.approx(1.968 * acc.std(ddof=1) / math.sqrt(300), rel=1e-3)
     for k, v in want.items():
         assert res["eval"][f"eval/pass@{k}"] == pytest.approx(v), k
     # problem 3's 8 graded calls raised, problem 134's first response hung: 9 failures, all wrong

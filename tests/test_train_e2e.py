@@ -83,7 +83,8 @@ def test_resumed_run_equals_uninterrupted_run(two_ranks):
     assert [(r["step"], r["prompt"], r["response"]) for r in samples[0]] == \
         [(r["step"], r["prompt"], r["response"]) for r in samples[1]]
     assert ma[0] == {"step": 0, "eval/dropped_long_prompts": 1,
-                     **{k: ma[0][k] for k in ("eval/accuracy", "eval/pass@1", "eval/pass@2", "eval/pass@4")}}
+                     **{k: ma[0][k] for k in ("eval/accuracy", "eval/accuracy_ci95", "eval/pass@1",
+                                              "eval/pass@2", "eval/pass@4")}}
     assert 0 < ma[0]["eval/accuracy"] < 1 and ma[0]["eval/pass@1"] == ma[0]["eval/accuracy"]
     # plot.py draws these names (pass@32 needs as many samples a problem)
     drawn = {key for _, keys in plot.PANELS for key, _ in keys} - {"eval/pass@32"}
