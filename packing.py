@@ -267,21 +267,17 @@ def deal(minibatches, world, *, full_batch_metrics=True):
       1. the update, mini-batch by mini-batch (an optimizer step each, so each one waits for its
          busiest rank): the sequences in the loss (`in_loss`), by their tokens. The reference pass
          and the covariance selection forward the same ones.
-      2. the old pass, one lock-step pass over every mini-batch: it forwards the sequences of step
-         1 past the first mini-batch (whose own forward gives the first its old values), and the
-         sequences out of the loss (A = 0) when `full_batch_metrics`; these are dealt last, to even
-         out what step 1 left.
+      2. the sequences out of the loss (A = 0), which only the old pass forwards (when
+         `full_batch_metrics`), in a lock-step pass of their own after the trained ones (which it
+         forwards mini-batch by mini-batch as step 1 dealt them): by their tokens, all together.
     Both steps deal with spread."""
     out = [[[] for _ in minibatches] for _ in range(world)]
-    old_pass = [0] * world
     for k, mb in enumerate(minibatches):
         for r, part in enumerate(spread(groups_of([s for s in mb if s.in_loss]), [0] * world)):
             out[r][k] += part
-            old_pass[r] += cost(part) if k > 0 else 0
     rest = [(k, g) for k, mb in enumerate(minibatches) for g in groups_of([s for s in mb if not s.in_loss])]
     mb_of = {id(s): k for k, g in rest for s in g}
-    loads = old_pass if full_batch_metrics else [0] * world
-    for r, part in enumerate(spread([g for _, g in rest], loads)):
+    for r, part in enumerate(spread([g for _, g in rest], [0] * world)):
         for s in part:
             out[r][mb_of[id(s)]].append(s)
     return out

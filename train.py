@@ -429,17 +429,22 @@ def old_logprobs(run, *, minibatches):
     KL term reads pi_ref, with no grad. A collective. -> {"timing/old_logprobs": seconds}
 
     Left out: the first mini-batch's sequences in the loss, whose old values the update takes from
-    its own first forward (keep_as_old: one forward pass saved). Sequences out of the loss (A = 0)
-    get them only for the batch metrics (old_policy_metrics), unless full_batch_metrics is off.
+    its own first forward (keep_as_old: one forward pass saved). Each later mini-batch's trained
+    sequences are forwarded as the update will forward them (the same list: the same rows, order
+    and micro-batch cuts), so that where the policy has not moved, log r is exactly 0 on any
+    hardware: a GPU's matmul picks its tiling by the shape, so a sequence packed into another row
+    can round differently in bf16, and TEPO's sequence clip (1 +- 3e-4) and its mask's H < H_old
+    read exactly such differences. Sequences out of the loss (A = 0) get old values apart, only for
+    the batch metrics (old_policy_metrics), unless full_batch_metrics is off.
     """
     t0, cfg = time.perf_counter(), run.cfg
-    from_update = {id(s) for s in minibatches[0] if s.in_loss}
-    need_old = [s for mb in minibatches for s in mb
-                if (s.in_loss or cfg.full_batch_metrics) and id(s) not in from_update]
-    for mb, _, logp, ent in lockstep_forwards(run.model, need_old, cfg=cfg, device=run.device,
-                                              with_entropy=True):
-        for b, s in enumerate(mb):
-            s.old_logp, s.old_entropy = logp[b, :len(s.resp)], ent[b, :len(s.resp)]
+    plans = [[s for s in mb if s.in_loss] for mb in minibatches[1:]]   # update_policy's lists
+    plans.append([s for mb in minibatches for s in mb if not s.in_loss] if cfg.full_batch_metrics else [])
+    for seqs in plans:
+        for mb, _, logp, ent in lockstep_forwards(run.model, seqs, cfg=cfg, device=run.device,
+                                                  with_entropy=True):
+            for b, s in enumerate(mb):
+                s.old_logp, s.old_entropy = logp[b, :len(s.resp)], ent[b, :len(s.resp)]
     if run.ref_model is not None:
         in_loss = [s for mb in minibatches for s in mb if s.in_loss]
         for mb, _, logp, _ in lockstep_forwards(run.ref_model, in_loss, cfg=cfg, device=run.device,

@@ -11,7 +11,8 @@ all-wrong group); the others get advantages from rewards of 0 or 1 (so a reward-
 trained whole). What each phase forwards is train.py's, for the method's LossConfig:
   update      per mini-batch, the sequences in the loss (A != 0; all of them where a KL-to-reference
               term or an entropy bonus reads every response: grpo); an optimizer step each
-  old pass    one pass: those of the update past the first mini-batch, and the rest (full_batch_metrics)
+  old pass    one pass per mini-batch past the first (its sequences in the loss, as the update
+              forwards them), then one of the rest (A = 0, for the metrics: full_batch_metrics)
   ref pass    grpo: one pass over the sequences in the loss
 A phase's work on a rank is the positions its forwards compute (packing.micro_batches at the GPU
 config's 32,768 tokens, then computed_tokens). The figure: the busiest rank's work over the mean,
@@ -82,11 +83,13 @@ def phases(per_rank, lcfg, full_batch_metrics=True):
     """{phase: busiest over mean} for one step's deal (per_rank[r][k]: rank r's mini-batch k)."""
     ranks = range(len(per_rank))
     upd = [[work([s for s in per_rank[r][k] if s.in_loss]) for r in ranks] for k in range(4)]
-    old = [work([s for k, mb in enumerate(per_rank[r]) for s in mb
-                 if (s.in_loss and k > 0) or (not s.in_loss and full_batch_metrics)]) for r in ranks]
+    # the old pass: one lock-step pass per later mini-batch (its trained sequences, as the update
+    # forwards them), then one of the A = 0 sequences; each waits for its busiest rank
+    old = upd[1:] + [[work([s for mb in per_rank[r] for s in mb if not s.in_loss]) if full_batch_metrics
+                      else 0 for r in ranks]]
     out = {"update": sum(map(max, upd)) / max(sum(map(statistics.mean, upd)), 1e-9),
-           "old pass": max(old) / max(statistics.mean(old), 1e-9),
-           "positions": sum(map(sum, upd)) + sum(old)}
+           "old pass": sum(map(max, old)) / max(sum(map(statistics.mean, old)), 1e-9),
+           "positions": sum(map(sum, upd)) + sum(map(sum, old))}
     if lcfg.needs_ref:
         ref = [work([s for mb in per_rank[r] for s in mb if s.in_loss]) for r in ranks]
         out["ref pass"] = max(ref) / max(statistics.mean(ref), 1e-9)

@@ -150,8 +150,12 @@ def step_positions(cfg, W, prompt, resp, sd, equal, steps=40, seed=0):
                 mbs[k] += [seqs[i] for i in part]
         dealt = packing.deal(mbs, W, full_batch_metrics=cfg.full_batch_metrics)
         upd = [[work([s for s in dealt[r][k] if s.in_loss]) for r in range(W)] for k in range(K)]
-        old = [work([s for k in range(K) for s in dealt[r][k]
-                     if (s.in_loss and k > 0) or (not s.in_loss and cfg.full_batch_metrics)]) for r in range(W)]
+        # the old pass: each later mini-batch's trained sequences as the update forwards them, then
+        # the A = 0 ones apart (for the metrics); each call waits for its busiest rank
+        parts = [[work([s for s in dealt[r][k] if s.in_loss]) for r in range(W)] for k in range(1, K)]
+        parts.append([work([s for k in range(K) for s in dealt[r][k] if not s.in_loss])
+                      if cfg.full_batch_metrics else 0 for r in range(W)])
+        old = [sum(p[r] for p in parts) for r in range(W)]
         before = []
         for k in range(K):  # the rule before: whole groups by all their tokens, trained ones counted
             load, trained = [0] * W, [0] * W
@@ -163,7 +167,7 @@ def step_positions(cfg, W, prompt, resp, sd, equal, steps=40, seed=0):
         real = sum(len(s.resp) for mb in mbs for s in mb) + sum(
             len(g[0].prompt) for mb in mbs for g in packing.groups_of(mb))
         for key, v in (("update", sum(map(max, upd))), ("update_mean", sum(map(sum, upd)) / W),
-                       ("old", max(old)), ("old_mean", sum(old) / W), ("real", real / W),
+                       ("old", sum(map(max, parts))), ("old_mean", sum(old) / W), ("real", real / W),
                        ("before", sum(before))):
             acc[key] = acc.get(key, 0) + v / steps
     return acc

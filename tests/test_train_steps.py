@@ -83,6 +83,52 @@ def test_later_mini_batches_read_pi_old_not_their_own_forward(train_here):
         assert row["actor/log_ratio_max"] > 1e-3 and (row["actor/ratio_min"] < 1 or row["actor/ratio_max"] > 1)
 
 
+def test_the_old_pass_forwards_each_mini_batch_as_the_update_does(train_here, monkeypatch):
+    """The old pass computes each later mini-batch's trained sequences in exactly the micro-batches
+    (rows, order, cuts) the update forwards them in, and the A = 0 sequences apart: where the
+    policy has not moved (lr 1e-30, in bf16) log r is then 0 by construction on any hardware, not
+    only on a CPU whose matmuls round a row alike whatever the other rows. Before, the old pass
+    packed mini-batches 2-4 and the A = 0 sequences together, into other rows (a GPU's bf16 matmul,
+    tiled by the shape, could round those differently: TEPO's clip at 1 +- 3e-4 and its mask read
+    such differences)."""
+    calls, real = [], train.lockstep_forwards
+
+    def spy(model, seqs, **kw):
+        plan = []
+        for item in real(model, seqs, **kw):
+            plan.append(tuple((id(s), s.in_loss) for s in item[0]))
+            yield item
+        calls.append((kw.get("grad", False), plan))
+    monkeypatch.setattr(train, "lockstep_forwards", spy)
+    graded = [0]
+
+    def reward_fn(response, gold, **kw):  # groups 0-2 spread, group 3 all right (A = 0)
+        graded[0] += 1
+        return 1.0 if (graded[0] - 1) % 16 >= 12 else float(graded[0] % 2)
+    out = train_here("plans", reward_fn=reward_fn, steps=2, num_minibatches=2, micro_batch_tokens=48,
+                     lr=1e-30, train_dtype="bfloat16", dtype="bfloat16")
+    steps, cur = [], None  # each step: its old pass's calls (no grad), then the update's
+    for grad, plan in calls:
+        if not grad and (cur is None or cur[1]):
+            cur = ([], [])
+            steps.append(cur)
+        cur[grad].append(plan)
+    assert len(steps) == 2
+    for old, update in steps:
+        assert len(update) == 2 and all(len(p) >= 2 for p in update)  # two mini-batches, each cut
+        # mini-batch 2 (the update's second call): the very micro-batches of the old pass's first
+        assert update[1] == old[0]
+        # then the A = 0 group's 4 sequences, apart from every trained one
+        assert len(old) == 2 and all(not in_loss for mb in old[1] for _, in_loss in mb)
+        assert sum(map(len, old[1])) == 4
+    for row in read_metrics(out):  # the policy did not move: every ratio exactly 1
+        assert row["actor/optimizer_steps"] == 2
+        assert row["actor/kl_old"] == 0 and row["actor/log_ratio_max"] == 0
+        assert row["actor/ratio_min"] == row["actor/ratio_max"] == 1
+        assert row["actor/kl_mask_frac"] == 0
+        assert row["actor/clip_frac_low"] == row["actor/clip_frac_high"] == 0
+
+
 def test_the_masks_reference_target_loads_the_reference(train_here):
     """TEPO with `loss.kl_mask_target: ref` and no KL-to-reference term: the mask reads pi_ref, so
     the reference must be loaded (LossConfig.needs_ref; without it the first later mini-batch
