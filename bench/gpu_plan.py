@@ -1,9 +1,12 @@
 """GPU memory and step-time ESTIMATES for a config (no GPU needed): does a step fit, how long is it.
 
     python bench/gpu_plan.py [--config configs/math1.5b-tepo.yaml] [--model 1.5b|7b|qwen3-0.6b|qwen3-4b]
-                             [--gpus 8] [--gpu h100|a100|4090|all] [--mfu 0.4] [--response-len N]
+                             [--gpus 8] [--gpu h100|h200|a100|4090|all] [--mfu F] [--response-len N]
 
-Every figure printed is an estimate from the formulas below, not a measurement. Batch, lengths,
+Every figure printed is an estimate from the formulas below, not a measurement; the compute speed
+they rest on is the one measured (MEASURED: the 1.5B's update on one H200, 24.9k tokens/s), unless
+--mfu gives another. The model is the config's (its hub name, or its directory's config.json),
+unless --model names one. Batch, lengths,
 micro_batch_tokens, gpu_memory_utilization and activation_checkpointing come from the YAML (via
 train.load_config). Assumptions (all per GPU = per rank; W = world size, N = parameters):
 - Trainer (FSDP2, fp32 master weights, bf16 compute): master 4N/W, grads 4N/W, AdamW 8N/W bytes.
@@ -68,8 +71,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 GiB = 2 ** 30
-GPUS = {  # memory bytes, bf16 dense FLOP/s, HBM bytes/s
+GPUS = {  # memory bytes, bf16 dense FLOP/s (the spec sheet's), HBM bytes/s
     "h100": ("H100 80GB", 79.6 * 2 ** 30, 989e12, 3.35e12),  # 81,559 MiB as nvidia-smi shows
+    "h200": ("H200 141GB", 139 * 2 ** 30, 989e12, 4.8e12),  # 141 GB of HBM3e, ~139 GiB usable
     "a100": ("A100 80GB", 80 * 2 ** 30, 312e12, 2.0e12),
     "4090": ("RTX 4090 24GB", 24 * 2 ** 30, 165e12, 1.0e12),
 }
@@ -84,6 +88,59 @@ MODELS = {  # hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, ti
                      V=151936, tied=True, bias=False),
 }
 SHARED_CONFIG = os.path.join(ROOT, "..", "shared", "qwen2.5-math-tokenizer", "config.json")
+# The update's speed as measured, the default in place of an assumed MFU: one NVIDIA H200 (torch
+# 2.11.0+cu130), Qwen2.5-Math-1.5B (random weights from its config.json) at configs/math1.5b-tepo
+# .yaml's shape: one packed micro-batch (groups of a 150-token prompt and 8 responses of 700),
+# forward and backward, bf16, FSDP2 on one GPU, the flex kernel, activation checkpointing:
+# 23,000 positions in 0.923 s = 24.9k tokens/s, 29.1% of the matmul peak measured on the spot
+# (793 TFLOP/s) at 6N FLOPs a token. bench/gpu_check.py's speed line measures the same on any GPU.
+MEASURED = dict(gpu="NVIDIA H200", model="1.5b", tokens_per_s=24.9e3, prompt=150, response=700,
+                checkpointing=True)
+
+
+def flops_per_token(m, S, checkpointing=True):
+    """The update's FLOPs per trained position as the plan counts them: 8N with activation
+    checkpointing (the forward recomputed), 6N without, plus causal attention over S positions
+    (2 x layers x q_dim x S a forward; x4 with checkpointing, x3 without)."""
+    N = params(m)[2]
+    attn = 2 * m["L"] * m["heads"] * m["hd"] * S
+    return (8 * N + 4 * attn) if checkpointing else (6 * N + 3 * attn)
+
+
+def measured_mfu(peak=989e12):
+    """MEASURED's tokens per second as a share of `peak` (the H200's spec-sheet bf16, which the
+    plan divides by), counting FLOPs as the plan does (8N + attention: the recompute counted):
+    the plan then gives MEASURED's own seconds for its shape. (At 6N against the measured matmul
+    peak the same speed is the 29.1% quoted; against the spec sheet's, 23.3%.)"""
+    m = model_shapes(MEASURED["model"])
+    S = MEASURED["prompt"] + MEASURED["response"]
+    return MEASURED["tokens_per_s"] * flops_per_token(m, S, MEASURED["checkpointing"]) / peak
+
+
+def shapes_from_config(path):
+    """The plan's shapes from a transformers config.json (a model directory's): any Qwen2 / Qwen3 /
+    Llama-like decoder."""
+    with open(path) as f:
+        c = json.load(f)
+    c = c.get("text_config", c)
+    heads = c["num_attention_heads"]
+    return dict(name=c.get("_name_or_path") or os.path.basename(os.path.dirname(os.path.abspath(path))),
+                h=c["hidden_size"], I=c["intermediate_size"], L=c["num_hidden_layers"], heads=heads,
+                kv=c.get("num_key_value_heads", heads), hd=c.get("head_dim") or c["hidden_size"] // heads,
+                V=c["vocab_size"], tied=c.get("tie_word_embeddings", False),
+                bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias")))
+
+
+def config_model(name):
+    """The shapes of a config's `model`: a directory's config.json, or the MODELS entry whose hub
+    name it is (Qwen/Qwen2.5-Math-7B -> "7b"). -> (key or the directory, shapes)"""
+    if os.path.isfile(os.path.join(name, "config.json")):
+        return name, shapes_from_config(os.path.join(name, "config.json"))
+    for key, m in MODELS.items():
+        if m["name"].lower() == name.rstrip("/").split("/")[-1].lower():
+            return key, model_shapes(key)
+    raise SystemExit(f"gpu_plan: the config's model {name!r} is neither a directory with config.json nor one "
+                     f"of {', '.join(m['name'] for m in MODELS.values())}: give --model {'|'.join(MODELS)}")
 VLLM_OVERHEAD, CTX, ASLEEP = 1.5 * GiB, 1 * GiB, 1 * GiB
 
 
@@ -369,10 +426,12 @@ def anchor(mfu=0.11):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
-    ap.add_argument("--model", choices=MODELS, default="1.5b")
+    ap.add_argument("--model", choices=MODELS, help="the shapes to plan (default: the config's model)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--gpu", choices=(*GPUS, "all"), default="all")
-    ap.add_argument("--mfu", type=float, default=0.4, help="assumed MFU of prefill/update")
+    ap.add_argument("--mfu", type=float, help="MFU of prefill, old pass and update, of the spec sheet's "
+                                               "bf16 peak, FLOPs counted as the plan does (default: "
+                                               "the update's as measured on one H200, MEASURED)")
     ap.add_argument("--hbm-frac", type=float, default=0.6, help="assumed share of HBM bandwidth")
     ap.add_argument("--response-len", type=int, help="assumed mean (default max_new_tokens / 2)")
     ap.add_argument("--prompt-len", type=int, default=150, help="assumed mean prompt tokens")
@@ -388,8 +447,14 @@ def main():
     import train
     cfg = train.load_config(args.config, args.set)
     resp = args.response_len or cfg.max_new_tokens // 2
+    shapes = model_shapes(args.model) if args.model else config_model(cfg.model)[1]
+    mfu = args.mfu or measured_mfu()
+    if not args.mfu:
+        print(f"MFU {mfu:.1%} of the spec sheet's bf16 peak, FLOPs counted as below: the update's "
+              f"{MEASURED['tokens_per_s'] / 1e3:.1f}k tokens/s measured on one {MEASURED['gpu']} "
+              f"(Qwen2.5-Math-1.5B, checkpointing; MEASURED), taken for every GPU and phase")
     for gpu in GPUS if args.gpu == "all" else (args.gpu,):
-        plan(cfg, model_shapes(args.model), gpu, args.gpus, args.mfu, args.hbm_frac, resp,
+        plan(cfg, shapes, gpu, args.gpus, mfu, args.hbm_frac, resp,
              args.prompt_len, args.response_sd, args.equal_groups)
     if not args.no_anchor:
         anchor()

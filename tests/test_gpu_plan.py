@@ -30,7 +30,8 @@ def paper_plan_on_h100():
     cfg = train.load_config(os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        figures = gpu_plan.plan(cfg, gpu_plan.model_shapes("1.5b"), "h100", 8, 0.4, 0.6, 1536, 150)
+        figures = gpu_plan.plan(cfg, gpu_plan.model_shapes("1.5b"), "h100", 8, gpu_plan.measured_mfu(), 0.6,
+                                1536, 150)
     return out.getvalue(), figures
 
 
@@ -59,22 +60,22 @@ def test_the_plan_counts_the_straggler_and_the_evaluation_by_todays_rules():
 
 def plan_figures(config, model, gpu, equal=0.4):
     cfg = train.load_config(os.path.join(ROOT, config))
-    return gpu_plan.plan(cfg, gpu_plan.model_shapes(model), gpu, 8, 0.4, 0.6, cfg.max_new_tokens // 2,
-                         150, None, equal)
+    return gpu_plan.plan(cfg, gpu_plan.model_shapes(model), gpu, 8, gpu_plan.measured_mfu(), 0.6,
+                         cfg.max_new_tokens // 2, 150, None, equal)
 
 
 @pytest.mark.slow
 def test_the_readmes_plan_table_is_what_gpu_plan_computes(capsys):
     """README's memory and step-time table: each figure as bench/gpu_plan.py computes it for its
-    row (estimates; 40% of groups with equal rewards), so that an edit of the formulas or configs
+    row (estimates at the update's speed measured on one H200; 40% of groups with equal rewards), so that an edit of the formulas or configs
     shows here, not as a stale number."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     rows = [line for line in text.splitlines()
-            if re.match(r"\| (1\.5B|7B|Qwen3-4B), (H100|A100|RTX 4090)", line)]
-    assert len(rows) == 7, rows
+            if re.match(r"\| (1\.5B|7B|Qwen3-4B), (H100|H200|A100|RTX 4090)", line)]
+    assert len(rows) == 8, rows
     models = {"1.5B": ("configs/math1.5b-tepo.yaml", "1.5b"), "7B": ("configs/math7b.yaml", "7b"),
               "Qwen3-4B": ("configs/qwen3-4b.yaml", "qwen3-4b")}
-    gpus = {"H100": "h100", "A100": "a100", "RTX 4090": "4090"}
+    gpus = {"H100": "h100", "H200": "h200", "A100": "a100", "RTX 4090": "4090"}
     for row in rows:
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         model, gpu = cells[0].split(", ")
@@ -116,3 +117,25 @@ def test_the_step_counts_the_deal(paper_plan_on_h100):
     assert set(secs) == {"rollout", "old pass", "update", "eval", "deal", "total"}, out
     mine, everything = map(float, re.search(r"deal .*?([\d.]+) MiB received.*?rank, ([\d.]+) MiB", out).groups())
     assert 0 < mine < everything / 4
+
+
+def test_the_plan_reads_the_configs_model_and_runs_at_the_measured_speed(capsys, monkeypatch):
+    """`--config configs/math7b.yaml` plans the 7B (it planned the 1.5B unless --model 7b was given);
+    a model directory's config.json gives its shapes; the default speed is the one measured on the
+    H200: at its shape the plan's update takes the measured 24.9k tokens a second."""
+    monkeypatch.setattr(sys, "argv", ["gpu_plan.py", "--config", os.path.join(ROOT, "configs", "math7b.yaml"),
+                                      "--gpu", "h200", "--no-anchor"])
+    gpu_plan.main()
+    out = capsys.readouterr().out
+    assert "=== Qwen2.5-Math-7B: N = 7.62 B params | 8 x H200 141GB" in out and "=== Qwen2.5-Math-1.5B" not in out
+    assert "24.9k tokens/s measured on one NVIDIA H200" in out
+    tok = os.path.join(ROOT, "..", "shared", "qwen2.5-math-tokenizer")
+    if os.path.isdir(tok):
+        key, shapes = gpu_plan.config_model(tok)
+        assert key == tok and gpu_plan.params(shapes)[2] == 1_543_714_304
+    m = gpu_plan.model_shapes("1.5b")
+    seconds = 23000 * gpu_plan.flops_per_token(m, 850) / (989e12 * gpu_plan.measured_mfu())
+    assert seconds == pytest.approx(23000 / 24.9e3)  # 0.923 s, as measured
+    assert 0.23 < 6 * gpu_plan.params(m)[2] * 24.9e3 / 989e12 < 0.234  # 23.3% of the spec sheet at 6N
+    with pytest.raises(SystemExit, match="give --model"):
+        gpu_plan.config_model("someone/some-model")
