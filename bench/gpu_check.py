@@ -26,13 +26,22 @@ minutes:
                    architecture has one), under the flex kernel against sdpa: the worst relative
                    difference of a parameter's gradient, in fp32 and in bf16 (against bf16's own
                    rounding there: sdpa in bf16 against sdpa in fp32)
+  6. floor        check 1's step runs at lr 1e-30 with a reward that spreads every group: the
+                   policy does not move, so the later mini-batches' largest |log r| and |log s_i|
+                   and the KL mask's share must be 0 (the first mini-batch's are by construction);
+                   PASS under a tenth of the narrowest clip
+  7. speed        one training micro-batch of the config at its shape (micro_batch_tokens of
+                   groups of a 150-token prompt and group_size responses of 700; bf16, activation
+                   checkpointing, the packed kernel, FSDP2): tokens/s forward+backward, peak
+                   memory, MFU (6N) of a bf16 matmul's peak measured here; and gpu_plan's step
+                   estimate for the config on 8 such GPUs at that speed
 --backend hf (the default where vLLM cannot be imported): the rollout with transformers'
 generate; checks 3 and 4, which need vLLM, print SKIP with the reason. The exit code counts FAILs
 only.
 --random-init: --model is a directory with the model's config.json and tokenizer files but no
 weights (the hub cannot be reached): the checks run on random weights of the config's
 architecture and size (the path, the kernels, the speed; rewards and accuracy mean nothing then).
---cpu: the same five, on a tiny random Qwen2 model (demo.make_tiny_model), fp32 but for check 2's
+--cpu: the same seven, on a tiny random Qwen2 model (demo.make_tiny_model), fp32 but for check 2's
 bf16 line, the "sdpa" kernel for the trainer (the flex kernel's forward is checked as well in 2;
 torch's flex_attention has no backward on the CPU, so 5 checks sdpa against each sequence alone
 through the eager attention), vLLM's CPU build or (--backend hf) transformers' generate:
@@ -41,7 +50,9 @@ Versions: the GPU path supports torch >= 2.11 and transformers >= 5.17 (the olde
 with: torch 2.11.0+cu130, transformers 5.17.0 on an H200); older ones are named at start.
 """
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -141,7 +152,13 @@ def small_config(args, model_dir, work):
              "eval_data": "", "out_dir": os.path.join(work, "rl"), "steps": 1, "prompts_per_step": 4,
              "group_size": 4, "max_prompt_len": 128, "max_new_tokens": 48 if args.cpu else 256,
              "save_every": 0, "log_samples_every": 0, "loggers": ["jsonl"],
-             "prompt_template": DEMO_TEMPLATE}
+             "prompt_template": DEMO_TEMPLATE,
+             # the floor (rl_step): the policy does not move (an fp32 weight plus 1e-30 is itself),
+             # and a reward that spreads every group, so every mini-batch trains
+             "lr": 1e-30, "reward": "gpu_check_reward:coin", "failed_reward": 0.0}
+    with open(os.path.join(work, "gpu_check_reward.py"), "w") as f:
+        f.write(COIN_REWARD)
+    sys.path.insert(0, work)  # the config names it: importable here, and in train.py (PYTHONPATH)
     if args.cpu:
         small.update(dtype="float32", train_dtype="float32")
     if args.backend == "hf":
@@ -152,19 +169,57 @@ def small_config(args, model_dir, work):
     return path
 
 
+COIN_REWARD = '''"""gpu_check's reward: 1 or 0 by a hash of the response, so every group of 4 is likely
+spread and every mini-batch trains (random weights earn 0 from the grader on every sample)."""
+import zlib
+
+
+def coin(response, gold, *, format_reward=0.0, no_answer_penalty=0.0):
+    return float(zlib.crc32(response.encode()) % 2)
+'''
+
+
 def rl_step(config, results):
-    """1. train.py for one step, in its own process (torchrun, one rank)."""
+    """1. train.py for one step, in its own process (torchrun, one rank); and 6, the floor: at lr
+    1e-30 the policy does not move, so every later mini-batch's ratios to pi_old must be 1, as the
+    first one's are by construction (train.old_logprobs forwards each mini-batch as the update
+    does: on any hardware the same rows round alike)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
            os.path.join(ROOT, "train.py"), "--config", config]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(config), os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if run.returncode:
         return report(results, "one RL step", f"exit {run.returncode}", False, run.stderr[-1500:])
-    with open(os.path.join(load_config(config).out_dir, "metrics.jsonl")) as f:
+    cfg = load_config(config)
+    with open(os.path.join(cfg.out_dir, "metrics.jsonl")) as f:
         last = [json.loads(line) for line in f][-1]
     finite = all(v is None or not isinstance(v, float) or math.isfinite(v) for v in last.values())
     report(results, "one RL step", f"{last['timing/step']:.1f} s/step ({time.perf_counter() - t0:.0f} s "
            f"with start-up), reward {last['reward/mean']:.3f}", finite and last["step"] == 1)
+    report_floor(results, last, cfg.loss_cfg)
+
+
+def report_floor(results, last, lcfg):
+    """6. The floor at lr 1e-30 (rl_step): the largest |log r| per token, the largest |log s_i|
+    (the sequence ratio TEPO and GSPO clip, from actor/ratio_min and _max) and the KL mask's share
+    over the later mini-batches, beside the clip range. 0 expected; PASS while the largest is under
+    a tenth of the narrowest clip (then it cannot move a clip decision)."""
+    steps = last.get("actor/optimizer_steps", 0)
+    if steps < 2:
+        return report(results, "floor", f"{steps} optimizer step(s): no later mini-batch trained", False,
+                      "the coin reward left too few groups spread; run again")
+    log_r = last.get("actor/log_ratio_max", 0.0)
+    log_s = max(abs(math.log(last["actor/ratio_max"])), abs(math.log(last["actor/ratio_min"])))
+    mask = last.get("actor/kl_mask_frac")
+    clip = min(lcfg.clip_low, lcfg.clip_high)
+    exact = log_r == 0 and log_s == 0 and not mask
+    report(results, "floor", f"at lr 1e-30, {steps} optimizer steps: max |log r| {log_r:.1e}, max |log "
+           f"{'s_i' if lcfg.ratio == 'sequence' else 'r'}| {log_s:.1e}"
+           + (f", KL mask on {mask:.1%} of tokens" if mask is not None else "")
+           + (" (exact)" if exact else " (NOT exact: the old pass and the update round apart)"),
+           max(log_r if lcfg.ratio == "token" else 0.0, log_s) < 0.1 * clip,
+           f"clip range 1 - {lcfg.clip_low:g} / 1 + {lcfg.clip_high:g}")
 
 
 def sequences(tokenizer, n, max_resp, seed=0, per_prompt=2):
@@ -404,6 +459,102 @@ def engine_and_sync(args, config, model_dir, device, results):
     engine.close()
 
 
+# The speed line's shape: the config's micro-batch filled with groups of this prompt and
+# group_size responses of this length (gpu_plan's means; a tiny one on the CPU, so it cannot rot).
+SPEED_SHAPE = {"gpu": (150, 700), "cpu": (20, 40, 512)}   # prompt, response[, micro_batch_tokens]
+
+
+def matmul_peak(device, dtype):
+    """FLOP/s of a large square matmul in `dtype`, measured here: the peak an MFU is a share of."""
+    n = 8192 if device.type == "cuda" else 256
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    sync(device)
+    reps, t0 = 10, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def speed(args, config, model_dir, device, results):
+    """7. One training micro-batch of the config at its shape (micro_batch_tokens, train_dtype,
+    activation checkpointing, the packed kernel, FSDP2 on one rank): forward + backward tokens per
+    second, peak memory, MFU (6N FLOPs a token) of the matmul peak measured here; and what
+    gpu_plan's step estimate for the config on 8 such GPUs becomes at this speed."""
+    import gpu_plan
+    key = "cpu" if args.cpu else "gpu"
+    prompt, resp, *budget = SPEED_SHAPE[key]
+    cfg = load_config(config, [f"micro_batch_tokens={budget[0]}"] if budget else [])
+    g = torch.Generator().manual_seed(0)
+    vocab = min(len(load_tokenizer(model_dir)), 30000)
+    seqs, k = [], 0
+    while sum(len(s.resp) for s in seqs) + prompt * k < cfg.micro_batch_tokens:
+        ids = torch.randint(3, vocab, (prompt + cfg.group_size * resp,), generator=g).tolist()
+        seqs += [Sequence((0, k), ids[:prompt], ids[prompt + i * resp:prompt + (i + 1) * resp], (-1.0) ** i, True,
+                          torch.zeros(resp)) for i in range(cfg.group_size)]
+        k += 1
+    mb = packing.micro_batches(seqs, cfg.micro_batch_tokens, cfg.micro_batch_layout)[0]
+    positions = packing.computed_tokens([mb], cfg.micro_batch_layout, cfg.activation_checkpointing)
+    model = policy.load_policy(model_dir, cfg, device)
+    batch = packing.collate(mb, device, cfg.micro_batch_layout, cfg.activation_checkpointing)
+    n_tokens = sum(len(s.resp) for s in mb)
+
+    def step():
+        logp, _ = tepo.response_logprobs(model, batch, 1.0, False)
+        (-(batch["adv"][:, None] * logp * batch["mask"]).sum() / n_tokens).backward()
+        model.zero_grad(set_to_none=True)
+    step()  # the kernels' compilation and the allocator's first fill
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    reps, t0 = 3, time.perf_counter()
+    for _ in range(reps):
+        step()
+    sync(device)
+    seconds = (time.perf_counter() - t0) / reps
+    N = sum(p.numel() for p in model.parameters())  # FSDP2's DTensors: the whole model's numbers
+    model = batch = None  # freed before the matmul's
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    # the dtype the forward and backward computed in (policy.load_policy's rule for "auto")
+    dtype = getattr(torch, {"auto": "bfloat16" if device.type == "cuda" else "float32"}.get(cfg.train_dtype,
+                                                                                        cfg.train_dtype))
+    peak = matmul_peak(device, dtype)
+    tps = positions / seconds
+    mfu = 6 * N * tps / peak
+    memory = (f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda"
+              else "peak memory: on a GPU")
+    ok = math.isfinite(tps) and tps > 0
+    report(results, "speed", f"{tps:,.0f} tokens/s forward+backward ({positions:,} positions in {seconds:.3f} s), "
+           f"{memory}, MFU {mfu:.1%} (6N, N = {N / 1e9:.3g} B, of {peak / 1e12:.1f} TFLOP/s measured: a "
+           f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} matmul)", ok,
+           f"{len(mb)} responses of {resp} after {len({s.gid for s in mb})} prompts of {prompt}, checkpointing "
+           f"{'on' if cfg.activation_checkpointing else 'off'}")
+    # gpu_plan at this speed: its MFU counts FLOPs its own way (8N with checkpointing) of a spec sheet
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    gpu = next((k for k in gpu_plan.GPUS if k.upper() in name.upper()), None)
+    where = gpu or "h100"
+    m = gpu_plan.shapes_from_config(os.path.join(model_dir, "config.json"))
+    plan_mfu = tps * gpu_plan.flops_per_token(m, prompt + resp, cfg.activation_checkpointing) / gpu_plan.GPUS[where][2]
+    full = load_config(args.config)
+    figures = {}
+    for label, f in (("here", plan_mfu), ("default", gpu_plan.measured_mfu())):
+        with contextlib.redirect_stdout(io.StringIO()):
+            figures[label] = gpu_plan.plan(full, m, where, 8, f, 0.6, full.max_new_tokens // 2, 150, None, 0.4)
+    here, default = figures["here"], figures["default"]
+    print(f"      gpu_plan, {os.path.relpath(args.config, ROOT)} with this model on 8 x {gpu_plan.GPUS[where][0]}"
+          f"{'' if gpu else ' (a stand-in: this is no GPU it knows)'}: {here['step_s']:.1f} s a step at this "
+          f"speed (update {here['update_s']:.1f} s, old pass {here['old_s']:.1f} s); {default['step_s']:.1f} s at "
+          f"its default ({gpu_plan.MEASURED['gpu']}'s measured speed)", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
@@ -438,7 +589,7 @@ def main():
         rl_step(config, results)
         # Checks 2-4 in this process: one rank's process group, as train.py's.
         rank, world, device = ranks.setup_distributed()
-        for check in (packed_equals_own, engine_and_sync, kernel_gradients):
+        for check in (packed_equals_own, engine_and_sync, kernel_gradients, speed):
             try:
                 check(args, config, model_dir, device, results)
             except Exception as e:  # noqa: BLE001 - a check that crashes is a failed check, named

@@ -2,6 +2,7 @@
 healthy tree, a broken weight sync is caught, and the gradient comparison (check 5) passes the
 packed sdpa kernel against each sequence alone and fails a kernel whose backward is wrong."""
 import os
+import re
 import subprocess
 import sys
 
@@ -29,9 +30,19 @@ def test_gpu_check_passes_in_its_cpu_form_without_vllm_or_weights(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "(--random-init): rewards and accuracy mean nothing here" in run.stdout, run.stdout
     lines = [line for line in run.stdout.splitlines() if line.startswith(("PASS", "FAIL", "SKIP"))]
-    assert [line.split()[0] for line in lines] == ["PASS"] * 4 + ["SKIP"] * 2 + ["PASS"] * 2, run.stdout
+    assert [line.split()[0] for line in lines] == ["PASS"] * 5 + ["SKIP"] * 2 + ["PASS"] * 3, run.stdout
     assert all("--backend hf: the engine is not checked" in line for line in lines if line.startswith("SKIP"))
-    assert "packed = own (bf16)" in run.stdout and "6 of 6 checks passed" in run.stdout
+    assert "packed = own (bf16)" in run.stdout and "8 of 8 checks passed" in run.stdout
+    # the floor at lr 1e-30: the later mini-batches' ratios exactly 1 (the old pass forwards each
+    # mini-batch as the update does), beside TEPO's clip range
+    floor = next(line for line in lines if " floor " in line)
+    assert "max |log r| 0.0e+00, max |log s_i| 0.0e+00, KL mask on 0.0% of tokens (exact)" in floor, floor
+    assert "clip range 1 - 0.0003 / 1 + 0.0004" in floor
+    # the speed line at its tiny CPU size, and gpu_plan's step at that speed (a stand-in GPU)
+    speed = next(line for line in lines if " speed " in line)
+    assert re.search(r"[\d,]+ tokens/s forward\+backward \(\d+ positions in [\d.]+ s\), .*MFU [\d.]+% \(6N", speed)
+    assert re.search(r"gpu_plan, configs/math1.5b-tepo.yaml with this model on 8 x H100 80GB \(a stand-in: "
+                     r"this is no GPU it knows\): [\d.]+ s a step at this speed", run.stdout), run.stdout
 
 
 BROKEN_SYNC = r'''
