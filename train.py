@@ -309,14 +309,18 @@ def rollout_metrics(run, *, groups, drawn, seconds):
     tot = all_ranks({"reward": sum(r for _, r, _ in samples), "correct": sum(c for _, _, c in samples),
                      "samples": len(samples), "tokens": sum(lens),
                      "truncated": sum(s.finish_reason == "length" for s, _, _ in samples),
-                     "groups": len(groups), "drawn": len(drawn)})
+                     "groups": len(groups), "drawn": len(drawn),
+                     "spread": sum(len(set(g.rewards)) > 1 for g in groups)})
     longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
     n = max(tot["samples"], 1)
     metrics = {"reward/mean": tot["reward"] / n, "reward/accuracy": tot["correct"] / n,
                "response/length_mean": tot["tokens"] / n, "response/length_max": longest,
                "response/truncated_frac": tot["truncated"] / n,
                "timing/rollout": seconds["rollout"], "timing/reward": seconds["reward"],
-               "timing/rollout_tokens_per_s": tot["tokens"] / max(seconds["rollout"], 1e-9)}
+               "timing/rollout_tokens_per_s": tot["tokens"] / max(seconds["rollout"], 1e-9),
+               # the step's budget (a study compares variants at equal budgets): every sample drawn
+               # (dynamic sampling's extra draws too), and the groups kept whose rewards differ (A != 0)
+               "rollout/samples_drawn": tot["samples"], "rollout/groups_trained": tot["spread"]}
     if run.cfg.dynamic_sampling:
         metrics["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
     return metrics
@@ -503,6 +507,7 @@ def update_policy(run, *, minibatches, step):
         steps.append(clip_and_step(run, loss_sum))
     run.optimizer.zero_grad(set_to_none=True)
     metrics = update_metrics(run, sums=sums, steps=steps, step=step)
+    metrics["actor/trained_tokens"] = n_trained  # the tokens in the loss, over the mini-batches
     if n_trained:  # the same on every rank
         metrics.update(log_ratio_tail(top, n_trained))
     metrics["timing/update"] = time.perf_counter() - t0

@@ -12,10 +12,14 @@ report opens with its premise (PREMISE: does GRPO collapse there, at a price?).
 
 `run` prepares the base model once (`demo.py prepare --task TASK`, seeded; cached in OUT/base), then
 trains every (variant, seed) with train.py and configs/study.yaml into OUT/<variant>-s<seed>/, each
-with its own metrics.jsonl. Variants change only the loss (VARIANTS), so every one gets the same
-prompts, samples and optimizer steps per RL step; the seed sets the data order and the sampling, so
-two variants with the same seed see the same prompts (the effects below are paired by seed). DAPO
-keeps its dynamic-sampling filter but draws no extra prompts (max_sampling_tries=1).
+with its own metrics.jsonl. Variants change only the loss (VARIANTS), so every one draws the same
+prompts and samples per RL step; the seed sets the data order and the sampling, so two variants
+with the same seed see the same prompts (the effects below are paired by seed). DAPO keeps its
+dynamic-sampling filter but draws no extra prompts (max_sampling_tries=1). The optimizer steps are
+NOT equal: train.py skips a mini-batch with no trained token (every group in it all right or all
+wrong), which DAPO's filter leaves only in a step that keeps no group and GRPO's KL-to-reference
+term (it trains every response) never; so the report measures each variant's budget
+(`budget_lines`) and says where two compared ones differ.
 
 A run is finished when its directory holds DONE (written after train.py exits with a complete
 metrics.jsonl); a finished run is never redone. Every other run is started with `--resume`:
@@ -29,7 +33,10 @@ resumed from.
 
 `report` reads the finished runs and writes, between the `<!-- generated: begin -->` and
 `<!-- generated: end -->` markers of docs/RESULTS.md (the rest of the file, the hypotheses, is
-left as it is): the table per variant, the effect and verdict per claim, the total CPU time and
+left as it is): the budgets per variant (samples, groups trained, optimizer steps, tokens in the
+loss) with a line per compared pair whose budgets differ, where the KL mask and the clip can act
+(the optimizer steps with pi != pi_old), the tables per variant, the effect and verdict per claim
+(marked where the budgets differ), the total CPU time and
 the reproducing command; and one plot per metric, docs/study_<metric>.png (mean over seeds, band =
 bootstrap 95% CI of the mean). Statistics (numpy only): a run's summary numbers are computed per
 seed; a CI resamples the seeds with replacement (10,000 resamples, percentile interval); an
@@ -84,6 +91,8 @@ SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=4, ba
                   "eval_every=0", "save_every=1", "keep_last=1", "log_samples_every=0"])
 BOOT = 10_000            # bootstrap resamples
 TRAIL = 10               # trailing window (steps) of the training-batch accuracy and final entropy
+EARLY = 15               # the first steps, whose clip fractions are shown beside the run's mean
+BUDGET_GAP = 1.10        # two compared variants whose budgets differ by more are flagged
 # The per-step curves drawn: key, title, trailing mean window (1: as logged).
 CURVES = [("eval/accuracy", "held-out pass@1 (T=1)", 1),
           ("eval/pass@32", "held-out pass@32", 1),
@@ -96,6 +105,7 @@ CURVES = [("eval/accuracy", "held-out pass@1 (T=1)", 1),
           ("actor/clip_frac_high", "clipped above (share of trained tokens)", 1),
           ("actor/kl_mask_frac", "TEPO's KL mask: share of trained tokens", 1),
           ("actor/cov_selected_frac", "Clip-Cov / KL-Cov: share of trained tokens selected", 1),
+          ("actor/optimizer_steps", "optimizer steps of the RL step (mini-batches with a trained token)", 1),
           ("response/length_mean", "response length (tokens)", 1)]
 # ----------------------------------------------------------------------------------------------
 # run
@@ -314,6 +324,15 @@ def read_metrics(path):
     return read_jsonl(os.path.join(path, "metrics.jsonl"))
 
 
+def read_config(path):
+    """A run's config.yaml (train.py's resolved config), {} where there is none."""
+    import yaml
+    if not os.path.exists(os.path.join(path, "config.yaml")):
+        return {}
+    with open(os.path.join(path, "config.yaml")) as f:
+        return yaml.safe_load(f) or {}
+
+
 def series(rows, key, window=1):
     """{step: value} of `key`, as a trailing mean over `window` logged values when window > 1."""
     pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -332,15 +351,49 @@ def steps_to(rows, key, threshold, window, steps):
     return steps, False
 
 
-def run_summary(rows, steps, threshold):
-    """The numbers of one run the tables and claims read. -> {name: float} (NaN when not logged)"""
+def acting_mean(per_step, key):
+    """`key`'s mean over the optimizer steps after the first of their RL step: the only ones where
+    pi != pi_old, so where the KL mask, kl_old and the clip can be nonzero. At an RL step's first
+    optimizer step pi = pi_old exactly (its old log-probs are the update's own forward, or the old
+    pass's of the very same rows: train.old_logprobs), so there log r = 0, kl_old = 0, the mask is
+    empty and nothing is clipped: a step's record, the mean over its n optimizer steps, holds n - 1
+    acting ones' sum. -> sum_t n_t key_t / sum_t (n_t - 1); NaN without such an optimizer step"""
+    num = den = 0.0
+    for r in per_step:
+        n, v = r.get("actor/optimizer_steps"), r.get(key)
+        if n and v is not None:
+            num += n * v
+            den += n - 1
+    return num / den if den else np.nan
+
+
+def total(per_step, key, fallback=np.nan):
+    """`key` summed over the steps that log it; `fallback` where none does."""
+    vals = [r[key] for r in per_step if r.get(key) is not None]
+    return float(sum(vals)) if vals else fallback
+
+
+def draws_per_step(cfg):
+    """(samples, groups) a run draws per RL step by its config.yaml `cfg`: prompts_per_step x
+    group_size and prompts_per_step; None where dynamic sampling may draw again (max_sampling_tries
+    > 1) or there is no config: then only train.py's logged counts say."""
+    if not cfg or (cfg.get("dynamic_sampling") and cfg.get("max_sampling_tries", 1) > 1):
+        return None
+    return cfg["prompts_per_step"] * cfg["group_size"], cfg["prompts_per_step"]
+
+
+def run_summary(rows, steps, threshold, cfg=None):
+    """The numbers of one run the tables and claims read; `cfg` (the run's config.yaml) gives the
+    draws per step where train.py does not log them. -> {name: float} (NaN when not logged)"""
     evals = [r for r in rows if r.get("eval/accuracy") is not None]
     last, first = (evals[-1] if evals else {}), (evals[0] if evals else {})
     per_step = [r for r in rows if r.get("step", 0) > 0]
 
-    def over(key, f):
-        vals = [r[key] for r in per_step if r.get(key) is not None]
+    def over(key, f, when=lambda r: True):
+        vals = [r[key] for r in per_step if r.get(key) is not None and when(r)]
         return float(f(vals)) if vals else np.nan
+    draws = draws_per_step(cfg)
+    kept = [r["reward/groups_kept"] for r in per_step if r.get("reward/groups_kept") is not None]
     ent = [r["actor/entropy"] for r in per_step if r.get("actor/entropy") is not None]
     out = {"pass@1_start": first.get("eval/accuracy", np.nan), "pass@1": last.get("eval/accuracy", np.nan),
            "entropy_start": float(np.mean(ent[:TRAIL])) if ent else np.nan,
@@ -353,7 +406,25 @@ def run_summary(rows, steps, threshold):
            "kl_old": over("actor/kl_old", np.mean),
            "clip_frac_low": over("actor/clip_frac_low", np.mean),
            "clip_frac_high": over("actor/clip_frac_high", np.mean),
-           "s_per_step": over("timing/step", np.mean)}
+           "s_per_step": over("timing/step", np.mean),
+           # the budget: what the run drew and what it trained on
+           "samples_drawn": total(per_step, "rollout/samples_drawn", draws[0] * len(per_step) if draws else np.nan),
+           # groups with a nonzero advantage: logged, or DAPO's share kept of the groups drawn
+           "groups_trained": total(per_step, "rollout/groups_trained", sum(kept) * draws[1] if kept and draws else np.nan),
+           "trained_tokens": total(per_step, "actor/trained_tokens"),
+           "opt_steps": over("actor/optimizer_steps", sum),
+           "opt_per_step": over("actor/optimizer_steps", np.mean),
+           "opt_per_step_late": over("actor/optimizer_steps", np.mean, lambda r: r["step"] > steps / 2),
+           # where the KL mask and the clip can act (acting_mean) and the steps that have such an
+           # optimizer step; the clip fractions of the first steps beside the run's mean
+           "acting_steps": over("actor/optimizer_steps", lambda v: np.mean(np.asarray(v) >= 2)),
+           "kl_mask_frac": over("actor/kl_mask_frac", np.mean),
+           "kl_mask_acting": acting_mean(per_step, "actor/kl_mask_frac"),
+           "kl_old_acting": acting_mean(per_step, "actor/kl_old"),
+           "clip_low_early": over("actor/clip_frac_low", np.mean, lambda r: r["step"] <= EARLY),
+           "clip_high_early": over("actor/clip_frac_high", np.mean, lambda r: r["step"] <= EARLY),
+           "clip_low_acting": acting_mean(per_step, "actor/clip_frac_low"),
+           "clip_high_acting": acting_mean(per_step, "actor/clip_frac_high")}
     for key, val in last.items():
         if key.startswith("eval/pass@"):
             out[key[5:]] = val          # "pass@k" at the end
@@ -420,6 +491,28 @@ def load_study(out):
     return {v: runs[v] for v in sorted(runs, key=order.index)}, settings
 
 
+BUDGETS = [("opt_steps", "optimizer steps"), ("samples_drawn", "samples drawn"),
+           ("groups_trained", "groups trained"), ("trained_tokens", "tokens in the loss")]
+
+
+def budget_gaps(summaries, a, b):
+    """The budgets (BUDGETS) in which variants a and b differ by more than BUDGET_GAP, mean over
+    the seeds they share: [(what, a's, b's)]; what neither logs is left out."""
+    seeds = sorted(set(summaries[a]) & set(summaries[b]))
+    gaps = []
+    for key, what in BUDGETS:
+        x = np.mean([summaries[a][s].get(key, np.nan) for s in seeds]) if seeds else np.nan
+        y = np.mean([summaries[b][s].get(key, np.nan) for s in seeds]) if seeds else np.nan
+        if np.isfinite(x) and np.isfinite(y) and max(x, y) > BUDGET_GAP * min(x, y):
+            gaps.append((what, float(x), float(y)))
+    return gaps
+
+
+def times(x, y):
+    """x / y as '1.72x'; '∞x' where y is 0."""
+    return f"{x / y:.2f}x" if y else "∞x"
+
+
 def claims_table(summaries, task="chain"):
     """One row per claim present in the data: effect, CI, verdict, seeds, per-seed values. The
     task sets which comparisons are two-sided (TWO_SIDED) and whether C1's ratio is read against
@@ -443,6 +536,10 @@ def claims_table(summaries, task="chain"):
         note = ""
         if kind == "ratio" and task == "chain" and v not in ("no data", "no CI from one seed"):
             note = "CI contains 0.5" if lo <= 0.5 <= hi else "CI excludes 0.5"
+        gaps = budget_gaps(summaries, a, b)
+        if gaps:
+            note = "; ".join([note] * bool(note) + ["unequal budgets: TEPO " + ", ".join(
+                f"{times(x, y)} the other's {what}" for what, x, y in gaps)])
         rows.append({"id": cid, "what": what, "effect": effect, "lo": lo, "hi": hi, "verdict": v,
                      "seeds": seeds, "x": x, "y": y, "kind": kind, "side": side, "null": null, "note": note,
                      "t": (t_est, t_lo, t_hi), "t_verdict": tv})
@@ -601,11 +698,68 @@ def premise_lines(settings, summaries):
             *[f"| {what} | {fmt(est, lo, hi)} | {v} | {fmt(*t)} |" for what, est, lo, hi, v, t in rows], ""]
 
 
+def spread(vals, spec=",.2f"):
+    """'mean (min–max)' of per-seed values in format `spec`, the range only where it shows;
+    '–' without data."""
+    x = np.asarray(vals, dtype=float)
+    if len(x) == 0 or np.isnan(x).all():
+        return "–"
+    lo, hi = f"{np.nanmin(x):{spec}}", f"{np.nanmax(x):{spec}}"
+    return f"{np.nanmean(x):{spec}}" + (f" ({lo}–{hi})" if hi != lo else "")
+
+
+def budget_lines(summaries, steps):
+    """The budgets per variant, a line per compared pair whose budgets differ (budget_gaps), and
+    where the KL mask and the clip can act (acting_mean), as report lines."""
+    L = ["### Per variant: the budget", "",
+         f"What each variant drew and trained on over its {steps} RL steps: mean over seeds (the "
+         "per-seed range in brackets). Samples drawn: train.py's `rollout/samples_drawn`, else "
+         "prompts_per_step x group_size a step by the run's config (exact unless dynamic sampling "
+         "draws again); groups trained (a nonzero advantage): `rollout/groups_trained`, else DAPO's "
+         "`reward/groups_kept` x prompts_per_step; tokens in the loss: `actor/trained_tokens`; "
+         "optimizer steps: `actor/optimizer_steps`, one per mini-batch with a trained token (train.py "
+         "skips the others). –: not logged.", "",
+         "| variant | samples drawn | groups trained | optimizer steps per RL step | over the last half "
+         "| optimizer steps in all | tokens in the loss |", "|---|---|---|---|---|---|---|"]
+    for v, per_seed in summaries.items():
+        vals = lambda key: [s.get(key, np.nan) for s in per_seed.values()]  # noqa: E731
+        L.append(f"| {v} | {spread(vals('samples_drawn'), ',.0f')} | {spread(vals('groups_trained'), ',.0f')} | "
+                 f"{spread(vals('opt_per_step'))} | {spread(vals('opt_per_step_late'))} | "
+                 f"{spread(vals('opt_steps'), ',.0f')} | {spread(vals('trained_tokens'), ',.0f')} |")
+    pairs = list(dict.fromkeys((a, b) for _, _, a, b, *_ in CLAIMS if a in summaries and b in summaries))
+    differ = []
+    for a, b in pairs:
+        ids = ", ".join(dict.fromkeys(c[0] for c in CLAIMS if (c[2], c[3]) == (a, b)))
+        for what, x, y in budget_gaps(summaries, a, b):
+            big, small = (a, b) if x > y else (b, a)
+            differ.append(f"- **Budgets differ**: {big} takes {times(max(x, y), min(x, y))} the {what} of "
+                          f"{small} ({max(x, y):,.0f} against {min(x, y):,.0f}, mean over the seeds they "
+                          f"share); the {ids} comparisons between them are not at equal budgets.")
+    L += ["", *differ] if differ else ["", f"The budgets of every compared pair are within "
+                                            f"{BUDGET_GAP - 1:.0%} of each other (where logged)."]
+    L += ["", "### Per variant: where the KL mask and the clip can act", "",
+          "At the first optimizer step of an RL step pi = pi_old: kl_old and the KL mask's gradient are "
+          "0 and nothing is clipped. A step's logged value is the mean over its optimizer steps, so a run "
+          "mean counts those zeros; *where pi ≠ pi_old* is the mean over the optimizer steps after the "
+          "first of their RL step (`acting_mean`)." + f" Steps 1-{EARLY}: the mean of the logged values over the first {EARLY} RL steps.", "",
+          "| variant | RL steps with ≥ 2 optimizer steps | KL mask, share of trained tokens: run mean "
+          "→ where pi ≠ pi_old | kl_old where pi ≠ pi_old | clipped low / high: run mean | steps "
+          f"1-{EARLY} | where pi ≠ pi_old |", "|---|---|---|---|---|---|---|"]
+    for v, per_seed in summaries.items():
+        vals = lambda key: [s.get(key, np.nan) for s in per_seed.values()]  # noqa: E731
+        two = lambda a, b: f"{spread(vals(a), '.3f')} / {spread(vals(b), '.3f')}"  # noqa: E731
+        L.append(f"| {v} | {spread(vals('acting_steps'), '.0%')} | {spread(vals('kl_mask_frac'), '.3f')} → "
+                 f"{spread(vals('kl_mask_acting'), '.3f')} | {spread(vals('kl_old_acting'), '.1e')} | "
+                 f"{two('clip_frac_low', 'clip_frac_high')} | {two('clip_low_early', 'clip_high_early')} | "
+                 f"{two('clip_low_acting', 'clip_high_acting')} |")
+    return L + [""]
+
+
 def report_lines(out, runs, settings, threshold, pngs, command):
     """The generated part of docs/RESULTS.md, as lines."""
     task = settings.get("task", "chain")
-    summaries = {v: {s: run_summary(rows, settings["steps"], threshold) for s, rows in seeds.items()}
-                 for v, seeds in runs.items()}
+    summaries = {v: {s: run_summary(rows, settings["steps"], threshold, read_config(run_dir(out, v, s)))
+                     for s, rows in seeds.items()} for v, seeds in runs.items()}
     cpu, wall = cpu_totals(out, runs)
     n_runs = sum(len(s) for s in runs.values())
     base_log = os.path.join(out, "base", "prepare.log")
@@ -625,6 +779,7 @@ def report_lines(out, runs, settings, threshold, pngs, command):
          f"steps{base}. Each number is the mean over seeds with its bootstrap 95% CI [low, high] "
          f"({BOOT:,} resamples of the seeds).", "",
          *premise_lines(settings, summaries),
+         *budget_lines(summaries, settings["steps"]),
          "### Per variant: accuracy and speed", "",
          f"| variant | seeds | held-out pass@1: start → end | held-out pass@32: start → end | steps to "
          f"{threshold:.0%}, training batch ({TRAIL}-step mean) | steps to {threshold:.0%}, held-out | pass@1 gain "

@@ -96,7 +96,7 @@ def test_the_old_pass_forwards_each_mini_batch_as_the_update_does(train_here, mo
     def spy(model, seqs, **kw):
         plan = []
         for item in real(model, seqs, **kw):
-            plan.append(tuple((id(s), s.in_loss) for s in item[0]))
+            plan.append(tuple((id(s), s.in_loss, len(s.resp)) for s in item[0]))
             yield item
         calls.append((kw.get("grad", False), plan))
     monkeypatch.setattr(train, "lockstep_forwards", spy)
@@ -119,10 +119,13 @@ def test_the_old_pass_forwards_each_mini_batch_as_the_update_does(train_here, mo
         # mini-batch 2 (the update's second call): the very micro-batches of the old pass's first
         assert update[1] == old[0]
         # then the A = 0 group's 4 sequences, apart from every trained one
-        assert len(old) == 2 and all(not in_loss for mb in old[1] for _, in_loss in mb)
+        assert len(old) == 2 and all(not in_loss for mb in old[1] for _, in_loss, _ in mb)
         assert sum(map(len, old[1])) == 4
-    for row in read_metrics(out):  # the policy did not move: every ratio exactly 1
+    for row, (_, update) in zip(read_metrics(out), steps):  # the policy did not move: every ratio 1
         assert row["actor/optimizer_steps"] == 2
+        # the step's budget: 16 samples, 3 groups with reward spread, their tokens in the loss
+        assert row["rollout/samples_drawn"] == 16 and row["rollout/groups_trained"] == 3
+        assert row["actor/trained_tokens"] == sum(n for p in update for mb in p for _, _, n in mb) > 0
         assert row["actor/kl_old"] == 0 and row["actor/log_ratio_max"] == 0
         assert row["actor/ratio_min"] == row["actor/ratio_max"] == 1
         assert row["actor/kl_mask_frac"] == 0
