@@ -801,6 +801,12 @@ _JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\|\\ )*(?:(?:and(?:\s+(?:at|also))?|or|\\
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
 _PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
                    r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
+# a part named in the text between two boxes: "\\boxed{3} for part (a) and \\boxed{7} for part (b)", "; (b) "
+_PART_NAMED = re.compile(r"(?i:\bpart\s*\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)?)(?![\w)])"
+                         r"|(?<![\w\\)\]])\((?:[a-h]|i{1,3}|iv)\)")
+# an indexed name before a box's value, inside it or just before it: `\boxed{y_1 = ..}`, `y_2 = \boxed{..}`
+_INDEXED = re.compile(r"(?<![a-zA-Z\\])([a-zA-Z])_\{?(\w{1,3})\}?\s*=")
+_INDEXED_BEFORE = re.compile(_INDEXED.pattern + r"\s*$")
 # the end of the model's turn: whatever follows (a new user turn, another answer) is not its answer
 _SIGN_OFF = re.compile(r"\s*(?:I\s+)?hope\s+(?:it|this|that)\s+(?:is|was|helps)(?:\s+correct)?\s*[.!]?\s*$",
                        re.IGNORECASE)
@@ -830,8 +836,10 @@ _BARE_BOX = re.compile(r"[^\s$]+")  # `\boxed 5`: the token after it
 def _last_boxed(s):
     """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
     belong with it joined by ', ': boxes directly before it (only commas, 'and', `$`, spacing, a list
-    item's bullet between: _JOIN_GAP, under 300 characters), or one box per labelled part
-    (`(a) ... \\boxed{5}`, `(b) ... \\boxed{7}`); None if there is none."""
+    item's bullet between: _JOIN_GAP, under 300 characters), one box per labelled part (`(a) ...
+    \\boxed{5}`, `(b) ... \\boxed{7}` on their lines, or a part named between two boxes under 300
+    characters apart: "\\boxed{3} for part (a) and \\boxed{7} for part (b)"), or the values of one name
+    with two indices (`\\boxed{y_1 = ..}` ... `\\boxed{y_2 = ..}`: _indexed_pair); None if there is none."""
     boxes, match = [], None
     for m in reversed(list(_BOXED.finditer(s))):  # from the last: at most 20 boxes are joined
         j = m.end()
@@ -859,11 +867,35 @@ def _last_boxed(s):
     for k in range(len(boxes) - 2, -1, -1):
         b0, b1, content = boxes[k]
         by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
-        if b1 > start or not (by_part or start - b1 < 300 and _JOIN_GAP.fullmatch(s[b1:start])):
+        near = b1 <= start and start - b1 < 300
+        if b1 > start or not (by_part or near and (_JOIN_GAP.fullmatch(s[b1:start]) or _PART_NAMED.search(s, b1, start)
+                                                    or _indexed_pair(s, boxes[k], boxes[k + 1]))):
             break
         parts.append(content)
         start = b0
     return ", ".join(p.strip() for p in reversed(parts))
+
+
+def _indexed_pair(s, a, b):
+    """Are boxes a and b (start, end, content) values of one name with two consecutive indices
+    (`\\boxed{y_1 = ..}` ... `\\boxed{y_2 = ..}`, or `x_1 = \\boxed{..}` ... `x_2 = \\boxed{..}`),
+    whatever text is between? (`a_1` before `a_{10}` is a step on the way, not a second answer.)"""
+    def label(box):
+        m = _INDEXED.match(box[2].strip()) or _INDEXED_BEFORE.search(s[max(0, box[0] - 20):box[0]].rstrip(" $"))
+        return m.groups() if m and m.group(2).isdigit() else None
+    la, lb = label(a), label(b)
+    return la is not None and lb is not None and la[0] == lb[0] and abs(int(la[1]) - int(lb[1])) == 1
+
+
+# math spans joined as a list that ends its sentence: `$2$ and $5$.`, `$x = 1$, $x = 2$, or $x = 3$`
+_SPAN_LIST = re.compile(r"\s*\$[^$]+\$(?:\s*(?:[,;]|,?\s*\b(?:and|or)\b)\s*\$[^$]+\$)+(?=\s*(?:[.!;]|\n|$))")
+
+
+def _span_list(s):
+    """The contents of the math spans that s starts with, joined by ', ', when they are a list (apart by
+    commas, 'and', 'or') that ends its sentence: "$2$ and $5$." -> "2, 5"; else None."""
+    m = _SPAN_LIST.match(s) if s.count("$") >= 4 else None
+    return ", ".join(x.strip() for x in _math_spans(m.group())) if m else None
 
 
 def _math_spans(s):
@@ -1025,7 +1057,7 @@ def _prose_value(s):
         tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
         if _NEGATED.search(s[max(0, m.start() - 8):m.start()]) or _NEGATED.match(tail):
             return s  # "La réponse n'est pas 25.", "答案不是5": a value denied is not stated
-        first = next((x.strip() for x in _math_spans(tail) if x.strip()), None) if "$" in tail else \
+        first = _span_list(tail) or next((x.strip() for x in _math_spans(tail) if x.strip()), None) if "$" in tail else \
             tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
         if first:  # the first math after the verb: "The minimum is $-2$, attained at $x = 1$."
             return first
@@ -1036,7 +1068,7 @@ def _prose_value(s):
         unit = _NUMBER_UNIT.fullmatch(tail)  # "The total is 9 apples.", "... = 12 cm"
         if unit:
             return unit.group(1)
-    math = _last_math(s)
+    math = _span_list(s) or _last_math(s)  # "$x = 2$ and $x = 5$": both
     if math is not None:
         return math
     lead = _LEAD_NUMBER.fullmatch(s.strip())  # "5 яблок", "12 red apples"
@@ -1065,6 +1097,9 @@ def _answer_is(s):
     if m is None:
         return None
     rest = s[m.end():m.end() + 1000].lstrip()
+    listed = _span_list(rest)  # "The answer is $2$ and $5$."
+    if listed:
+        return listed
     for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if rest.startswith(a):
             j = rest.find(b, len(a))

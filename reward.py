@@ -64,6 +64,20 @@ Two false positives of the old rules closed: a text with two words of prose (or 
 product of symbols (`0 is not the answer` parsed as 0 * i * s * ...), and a sentence's last number
 is not its value when its clause rules it out ("Il reste 4 pommes, pas 5.").
 
+Several answers (issue 56): a gold or response of several answers (boxes joined as above, answers
+joined by commas, `;`, "and" or "or", math spans so joined, `$2$ and $5$`, a set `\\{..\\}`) is one
+collection, compared as a set: in any order, each item by the rules of one answer, a repeated item
+counting once (`(1, 2), (2, 1), (1, 2)` = `(2, 1), (1, 2)`), unless the gold itself repeats one (`2, 2,
+3`: then as many); a different number of distinct answers (a superset, a subset, one right and one
+wrong) is wrong. A tuple, point or interval is one ordered answer, never reordered, and so is a list of
+assignments against a tuple. Boxes are also one list when the text between them names a part ("for
+part (a)", "(b)") or when they give one name with two indices (`y_1 = ..`, `y_2 = ..`); a sentence "The
+final answer is $...$" after the last box is the final answer; against a gold list, `10,455` is the
+list 10, 455 (against a number, the number 10455). Where the rules cannot read an item, the second
+opinion is asked as for one answer: item by item for two lists or sets of scalars (math-verify reads
+`\\max(2, 5), \\gcd(4, 6)` as no set of numbers), else about the two collections; within one
+SECOND_OPINION_TIMEOUT in all.
+
 The second opinion (verify; the default grader, "rule+math_verify"; "rule" is rule_verify): where
 the rules find two final answers different because they could not read one of them (a function or
 a notation mathexpr does not parse: `\\gcd(12, 8)`, `\\operatorname{lcm}(4, 6)`), math-verify is
@@ -94,7 +108,7 @@ from fractions import Fraction
 
 from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_backend
 # the answer-string normalisation (cleaning and structure) lives in mathexpr.py beside the parser
-from mathexpr import _SIMPLE_LHS, _clean, _key, _split_top, _structure
+from mathexpr import _SIMPLE_LHS, _THOUSANDS, _clean, _key, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
 from mathexpr import (_ANSWER_WORDS, _PROSE, _PROSE_ASCII, _answer_is, _from_prose, _hashes, _last_boxed,
                       _last_math, _prepare)
@@ -128,9 +142,21 @@ def _answer_tag(s):
     return (_answer_is(content) or _stated_math(content) or _from_prose(content)) if content else None
 
 
+# Minerva's closing line, "The final answer is $10,455$.": after the last box, it is the final answer
+_FINAL_IS = re.compile(r"(?i)\bfinal\s+answer\s+is\s*\$")
+
+
+def _boxed(s):
+    """The boxed answer (_last_boxed), unless a sentence "The final answer is $...$" after the last
+    box states the answer: then what it states."""
+    ans = _last_boxed(s)
+    later = _FINAL_IS.search(s, max(s.rfind("\\boxed"), s.rfind("\\fbox"))) if ans is not None else None
+    return (later and _answer_is(s[later.start():])) or ans
+
+
 def _extract(s):
     """The answer of the first rule that finds one (see extract_answer), or None."""
-    for rule in (_last_boxed, _answer_tag, _answer_is, _hashes, _stated_math):
+    for rule in (_boxed, _answer_tag, _answer_is, _hashes, _stated_math):
         ans = rule(s)
         if ans is not None and ans.strip():
             return ans.strip()
@@ -141,7 +167,8 @@ def extract_answer(text):
     """The final answer in `text`, or None if it has none.
 
     In order: the last \\boxed{...}/\\fbox{...} with balanced braces (also `\\boxed 5`; boxes in a
-    row such as `\\boxed{2}, \\boxed{3}`, or one per labelled part, are joined), else the content of
+    row such as `\\boxed{2}, \\boxed{3}`, one per labelled part, or per indexed name `y_1`, `y_2`, are
+    joined; a later "The final answer is $...$" replaces them), else the content of
     the last `<answer>...</answer>`, else the value after
     the last "(final) answer is" / "answer:" (also "Respuesta:", "答案是", ...: the languages of
     mathexpr._ANSWER_WORDS), else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\),
@@ -178,9 +205,15 @@ def _final_answer(s):
 
 
 # ----------------------------------------------------------------------------- structures
-def _match_unordered(gs, ps, eq):
+def _match_unordered(gs, ps, eq, repeats=False):
     """Pair every item of gs with an equal item of ps. Candidates are tried nearest value first (a
-    float at one seeded point), so a reordered list costs about n comparisons, not n^2 / 2."""
+    float at one seeded point), so a reordered list costs about n comparisons, not n^2 / 2. With
+    `repeats` (ps is a bare list), a pred with more items than a gold that repeats none is a set: it
+    matches when each of its items equals an item of gs and each item of gs is met (`(1, 2), (2, 1),
+    (1, 2)` = `(2, 1), (1, 2)`); a gold that repeats an item (`2, 2, 3`: side lengths, a multiplicity)
+    takes only as many."""
+    if repeats and len(ps) > len(gs) and len(set(gs)) == len(gs):
+        return _covers(gs, ps, eq)
     if len(gs) != len(ps):
         return False
     left = [(_fingerprint(p), p) for p in ps]
@@ -192,6 +225,23 @@ def _match_unordered(gs, ps, eq):
             return False
         del left[i]
     return True
+
+
+def _covers(gs, ps, eq):
+    """Is every item of ps equal to an item of gs, and every item of gs met? (ps with duplicates)"""
+    ps = tuple(dict.fromkeys(ps))  # the same text twice: once (no comparisons)
+    if len(ps) < len(gs):
+        return False
+    fgs = [_fingerprint(g) for g in gs] if len(gs) > 3 else None
+    met = set()
+    for p in ps:
+        fp = _fingerprint(p) if fgs else None
+        order = sorted(range(len(gs)), key=lambda i: _distance(fp, fgs[i])) if fp else range(len(gs))
+        i = next((i for i in order if eq(gs[i], p)), None)
+        if i is None:
+            return False
+        met.add(i)
+    return len(met) == len(gs)
 
 
 def _fingerprint(x):
@@ -249,7 +299,7 @@ def _struct_equal(g, p, ctx):
     if gk == "list" and pk == "seq" and p[1] == "()" and all(map(_assignment, g[1])):
         return len(g[1]) == len(p[2]) and all(map(eq, g[1], p[2]))  # x = 10, y = 4 is the tuple (10, 4)
     if gk in bag and (pk in bag or pk == "seq" and p[1] in ("()", "[]")):
-        return _match_unordered(g[1], p[-1], eq)  # `x < -2 or x > 3` is a union of intervals too
+        return _match_unordered(g[1], p[-1], eq, repeats=pk == "list")  # `x < -2 or x > 3`: a union too
     if pk == "list" and gk not in ("list", "set"):  # the same answer twice: `\\boxed{1.5} or \\boxed{3/2}`
         return all(eq(g, x) for x in p[1])
     return False
@@ -546,6 +596,8 @@ def _equal(gold, pred, rtol):
         return False
     if _key(g) == _key(p):
         return True
+    if "," in g and "," not in p and _THOUSANDS.fullmatch(pred.strip("$ ")):
+        p = pred.strip("$ ")  # the gold decides: against a list (`10, 455`), `10,455` is that list
     grouped = (_solution_groups(gold), _solution_groups(pred)) if "=" in gold or "=" in pred else (gold, pred)
     if grouped != (gold, pred):  # `a = 2, b = 3; a = 3, b = 2`: solutions as tuples
         (g, g_pct, g_deg), (p, p_pct, p_deg) = _clean(grouped[0]), _clean(grouped[1])
@@ -672,7 +724,7 @@ def _judge(gold, pred, rel_tol, second_opinion):
             return True
     except (Exception, _Timeout):
         return False
-    return second_opinion and _second_opinion(g, p)
+    return second_opinion and _second_opinion(g, p, rel_tol)
 
 
 def grade(response, gold, *, rel_tol=1e-4, second_opinion=True):
@@ -731,16 +783,57 @@ SECOND_OPINION_MAX = 1_000    # characters of a final answer shown to math-verif
 _SECOND = threading.local()   # per thread: the failure of its last verdict (guarded reads it)
 
 
-def _second_opinion(g, p):
+def _second_opinion(g, p, rtol=1e-4):
     """math-verify's verdict on the final answers g and p (the rules said no), where it can change
-    the verdict (_worth_asking); a timeout or error is "no", noted for guarded() to count."""
+    the verdict (_worth_asking); two lists or sets of scalars item by item (_item_by_item); a timeout
+    or error is "no", noted for guarded() to count."""
     if not _worth_asking(g, p):
         return False
     try:
+        gs, ps = _scalars(g), _scalars(p)
+        if gs and ps and len(set(gs)) == len(gs) and len(gs) * len(ps) <= 64:
+            return _item_by_item(gs, ps, rtol)
         return second_opinion.ask(_delimited(g), _delimited(p), second_opinion.SECOND_OPINION_TIMEOUT)
     except second_opinion.Failed as e:
         _SECOND.failure = (e.kind, f"math-verify: {e}")
         return False
+
+
+def _scalars(s):
+    """The items of answer s when it is a list or set of two or more scalars (cleaned), else None."""
+    x = _structure(_clean(s)[0])
+    return [i[1] for i in x[1]] if x[0] in ("list", "set") and len(x[1]) > 1 and all(
+        i[0] == "expr" for i in x[1]) else None
+
+
+def _item_by_item(gs, ps, rtol):
+    """Two collections of scalars as sets, each item by the rules or else by math-verify (where it may
+    be asked: _worth_asking), as a single answer is: math-verify reads `\\max(2, 5), \\gcd(4, 6)` as
+    no set of numbers. All its verdicts share one SECOND_OPINION_TIMEOUT; past it, "no"."""
+    deadline = time.monotonic() + second_opinion.SECOND_OPINION_TIMEOUT
+    met = set()
+    for p in dict.fromkeys(ps):
+        i = next((i for i, g in enumerate(gs) if time.monotonic() < deadline and _rules_equal(g, p, rtol)), None)
+        if i is None:  # math-verify, on the gold's items not met yet first
+            i = next((j for j in sorted(range(len(gs)), key=met.__contains__) if _asked(gs[j], p, deadline)), None)
+        if i is None:
+            return False
+        met.add(i)
+    return len(met) == len(gs)
+
+
+def _rules_equal(g, p, rtol):
+    """_equal, with its deadline or an error as "no"."""
+    try:
+        return _equal(g, p, rtol)
+    except (Exception, _Timeout):
+        return False
+
+
+def _asked(g, p, deadline):
+    """math-verify's "yes" on the items g and p, where it may be asked, in the time left to deadline."""
+    left = deadline - time.monotonic()
+    return left > 0.05 and _worth_asking(g, p) and second_opinion.ask(_delimited(g), _delimited(p), left)
 
 
 def _worth_asking(g, p):

@@ -219,10 +219,11 @@ def class_tables(verify, show=True):
 
 
 def round2(verify, show=True):
-    """Agreement per class on the batches of the second and third rounds (tests/grader_cases.py),
-    each apart."""
+    """Agreement per class on the batches of the second and third rounds, the second opinion's and
+    issue 56's several answers (tests/grader_cases.py), each apart."""
     import grader_cases
-    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2", "SECOND_OPINION_BATCH2"):
+    for batch in ("ROUND2_BATCH1", "ROUND2_BATCH2", "ROUND3_BATCH1", "ROUND3_BATCH2", "SECOND_OPINION_BATCH2",
+                  "COLLECTIONS"):
         if not hasattr(grader_cases, batch):
             continue
         total = agree = 0

@@ -673,3 +673,89 @@ SECOND_OPINION_MISSES = [
     ("10", r"\sum_{i=1}^{4} i"),                           # mathexpr parses \sum (wrongly), so math-verify is not asked
     ("(1, 2)", r"\left(\gcd(2, 4) - 1, 2\right)"),         # math-verify says no as well
 ]
+
+# ----------------------------------------------------------------------------- several answers (issue 56)
+# Written while fixing issue 56, in the shapes it describes (so this is no held-out figure: that one is
+# measured outside the project, on pairs not copied here). Several answers are one collection: unordered
+# and without duplicates unless the gold is a tuple, an interval or repeats an item; each item by the
+# rules of one answer; a different number of distinct answers is wrong.
+COLLECTIONS = {
+    # a gold joined by "and", commas or in several boxes, against one boxed list in another order
+    "joined": [
+        ("$2$ and $5$", r"The solutions are $\boxed{5, 2}$.", T),
+        ("$x = -1$ and $x = 4$", r"\boxed{4, -1}", T),
+        (r"\boxed{\frac{1}{2}} \text{ and } \boxed{3}", r"\boxed{3, 0.5}", T),
+        (r"$\boxed{-3}$, $\boxed{0}$, $\boxed{3}$", r"\boxed{3, -3, 0}", T),
+        ("The roots are $1$ and $6$.", r"\boxed{6, 1}", T),
+        ("$2$ and $5$", r"\boxed{5}", F),
+        ("$2$ and $5$", r"\boxed{2, 5, 8}", F),
+        ("The roots are $1$ and $6$.", r"\boxed{1}", F),
+        ("3", "The answer is $3$ and $5$.", F),
+        ("3", "The answer is $3$, and $x = 5$ is excluded.", T),
+    ],
+    # sets of tuples: another order, a solution repeated; a tuple changed or missing
+    "tuples": [
+        ("(1, 2, 3, 4), (2, 1, 3, 4)", r"\boxed{(2, 1, 3, 4), (1, 2, 3, 4), (2, 1, 3, 4)}", T),
+        ("(a, b, c, d) = (1, 2, 3, 4), (2, 1, 3, 4)", r"\boxed{(2,1,3,4), (1,2,3,4), (1,2,3,4)}", T),
+        (r"(0, 0), (1, 1), (-1, 1)", r"\boxed{(-1, 1), (0, 0), (1, 1), (-1, 1)}", T),
+        ("(1, 2, 3, 4), (2, 1, 3, 4)", r"\boxed{(2, 1, 3, 4), (2, 1, 3, 4)}", F),
+        ("(1, 2, 3, 4), (2, 1, 3, 4)", r"\boxed{(2, 1, 3, 4), (1, 2, 3, 4), (2, 1, 4, 3)}", F),
+        ("(1, 2, 3, 4), (2, 1, 3, 4)", r"\boxed{(2, 1, 3, 4)}", F),
+        ("(1, 2), (2, 1)", r"\boxed{(1, 2), (2, 1), (1, 2), (3, 3)}", F),
+        ("1, 2", r"\boxed{1, 2, 2}", T),
+        ("2, 2, 3", r"\boxed{2, 3}", F),  # a gold that repeats an item counts it (side lengths)
+        ("2, 2, 3", r"\boxed{3, 2, 2}", T),
+    ],
+    # one box per part, or per indexed name, against a gold that lists them
+    "parts": [
+        ("3, 7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", T),
+        ("3, 7", r"For part (a) we get $\boxed{3}$; for part (b), after more work, $\boxed{7}$.", T),
+        ("3, 7", r"(a) $\boxed{3}$; (b) $\boxed{7}$", T),
+        ("3, 7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{8}$ for part (b).", F),
+        ("7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", F),
+        ("y_1 = (x + 1)^2, y_2 = x^2 - 1",
+         r"The first is $\boxed{y_1 = x^2 + 2x + 1}$, and the second is $\boxed{y_2 = (x - 1)(x + 1)}$.", T),
+        (r"y_1 = e^{2x} \text{ and } y_2 = x e^{2x}", "So\n\\[\\boxed{y_2 = xe^{2x}}\\]\nand also\n\\[\\boxed{y_1 = e^{2x}}\\]", T),
+        ("y_1 = (x + 1)^2, y_2 = x^2 - 1",
+         r"The first is $\boxed{y_1 = x^2 + 2x + 1}$, and the second is $\boxed{y_2 = x^2 + 1}$.", F),
+        ("y_1 = (x + 1)^2, y_2 = x^2 - 1", r"The first is $\boxed{y_1 = x^2 + 2x + 1}$.", F),
+        ("y = 2", r"We find $\boxed{x = 3}$, and then $\boxed{y = 2}$.", T),  # two names, no index: the last box
+    ],
+    # "The final answer is $...$" after a box; thousands separators decided by the gold
+    "stated": [
+        ("10455", "So the first count is $\\boxed{10455}$.\n\nThe final answer is $10,455$", T),
+        ("10455", "We found $\\boxed{455}$ pairs.\n\nThe final answer is $10,455$. I hope it is correct.", T),
+        ("455", "We found $\\boxed{455}$ pairs.\n\nThe final answer is $10,455$. I hope it is correct.", F),
+        ("10455", "We found $\\boxed{10455}$.\n\nThe final answer is $10,456$", F),
+        ("10455", r"\boxed{10, 455}", F),
+        ("10, 455", r"\boxed{10,455}", T),
+        ("10, 455", r"\boxed{10455}", F),
+        ("12", "\\boxed{12}\n\nI checked that the final answer is reasonable.", T),
+    ],
+    # ordered golds are never reordered: intervals, points, tuples; a point is no pair of answers
+    "ordered": [
+        ("[1, 2]", r"\boxed{[2, 1]}", F),
+        ("[1, 2]", r"\boxed{2}, \boxed{1}", F),
+        ("(1, 2)", r"\boxed{2, 1}", F),
+        ("(3, 4)", r"\boxed{(4, 3)}", F),
+        ("(1, 2)", r"\boxed{(1, 2)}, \boxed{(2, 1)}", F),
+        ("(1, 2)", r"\boxed{(1, 2), (1, 2)}", F),
+        ("1, 2", r"\boxed{(1, 2, 2)}", F),
+        ("(1, 2)", r"\boxed{(1, 2)}", T),
+        ("[1, 2]", r"\boxed{1 \le x \le 2}", T),
+        (r"(-\infty, 1) \cup (3, \infty)", r"\boxed{(3, \infty) \cup (-\infty, 1)}", T),
+    ],
+    # a superset, a subset, one right and one wrong: wrong
+    "counts": [
+        ("2, 5", r"$\boxed{2}$, $\boxed{5}$, $\boxed{7}$", F),
+        ("2, 5", r"$\boxed{2}$", F),
+        ("2", r"$\boxed{2}$ and $\boxed{5}$", F),
+        ("2, 5", r"$\boxed{2, 6}$", F),
+        ("2 and 5", r"$\boxed{5}$ and $\boxed{6}$", F),
+        (r"\{1, 3\}", r"\boxed{1, 2, 3}", F),
+        (r"\{1, 3\}", r"\boxed{1, 3, 3}", T),
+        ("2, 5", r"$\boxed{5}$ and $\boxed{2}$", T),
+        ("2, 5", r"$\boxed{5}$ and $\boxed{2}$ and $\boxed{5}$", T),
+        ("2, 5", r"$\boxed{5}$ and $\boxed{2}$ and $\boxed{2.5}$", F),
+    ],
+}
