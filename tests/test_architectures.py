@@ -45,21 +45,23 @@ def noisy_reward(response, gold, **kw):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
-def test_rl_steps_resume_and_eval(tmp_path, arch, train_main):
-    """Two RL steps (one rank, in this process): the weights move; the checkpoint holds the
-    architecture's config and every weight of its shape; eval.py reads it. Gemma 3 with its chat
-    template (prompts built by it, <end_of_turn> a stop token), and a run resumed from its step 1
-    ends as the uninterrupted one (one architecture's resume: checkpoint.py has no code per
-    architecture). vLLM, in this process, samples what transformers scores on the model made and,
-    after a weight sync, on the step-1 checkpoint (the engine's own code per architecture). The
-    ranks and train.py's engine have no code per architecture: the two-rank vLLM runs of
-    tests/test_train_e2e.py and tests/test_paper_path.py are Qwen2's."""
+def test_rl_steps_resume_and_eval(tmp_path, arch):
+    """Two RL steps on 2 FSDP2 ranks (torchrun, transformers' generate): the weights move; the
+    checkpoint, gathered from the shards, holds the architecture's config and every weight of its
+    shape; eval.py reads it. Gemma 3 with its chat template (prompts built by it, <end_of_turn> a
+    stop token), and a run resumed from its step 1 on 2 ranks ends as the uninterrupted one (one
+    architecture's resume: checkpoint.py has no code per architecture). vLLM, in this process,
+    samples what transformers scores on the model made and, after a weight sync, on the step-1
+    checkpoint (the engine's own code per architecture). train.py's engine has no code per
+    architecture: the two-rank vLLM runs of tests/test_train_e2e.py and tests/test_paper_path.py
+    are Qwen2's."""
+    from test_train_e2e import run
     chat = arch == "gemma3"
     model = make_arch_model(str(tmp_path / "model"), arch, chat=chat)
     common = dict(steps=2, save_every=1, keep_last=0, num_minibatches=1, lr=1e-2, backend="hf", max_new_tokens=12,
                   **({"prompt_template": None, "max_prompt_len": 96} if chat else {}))
     cfg_a, out_a = setup_run(tmp_path, model, "whole", **common)
-    train_main("--config", cfg_a, reward_fn=noisy_reward)
+    run(cfg_a, nproc=2, patch=("--noisy-reward",))
     ma = metrics(out_a)
     assert [r["step"] for r in ma] == [1, 2]
     assert ma[1]["actor/grad_norm"] > 0 and ma[1]["actor/optimizer_steps"] == 1
@@ -78,7 +80,7 @@ def test_rl_steps_resume_and_eval(tmp_path, arch, train_main):
         # Step 2 again, resumed from the run's step-1 checkpoint (a branch into an out_dir of its
         # own, one launch fewer than a run of one step then --resume): the same step 2.
         cfg_b, out_b = setup_run(tmp_path, model, "resumed", **common)
-        train_main("--config", cfg_b, "--resume", step1, reward_fn=noisy_reward)
+        run(cfg_b, "--resume", step1, nproc=2, patch=("--noisy-reward",))
         mb = metrics(out_b)[-1]
         assert mb["step"] == 2 and ma[1].keys() == mb.keys()
         for k in ma[1]:

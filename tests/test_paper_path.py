@@ -23,11 +23,13 @@ from test_gpu_configs import SIZES, check_run, torchrun
 
 
 @pytest.mark.slow
-def test_fetch_train_evaluate_tabulate(tmp_path, serve):  # noqa: F811
+def test_fetch_train_evaluate_tabulate(tmp_path, serve, capsys):  # noqa: F811
     need_shared(UPSTREAM, TOKENIZER_DIR, DATA_DIR)
     data = tmp_path / "data"
     import data as data_py
     data_py.main(["fetch", "--out", str(data), "--mirror", serve(UPSTREAM)])
+    fetched = capsys.readouterr().out  # its report: a line per file
+    assert fetched.count(" rows -> ") == 8 and "math_train: 7470 rows" in fetched, fetched
     assert sorted(os.listdir(data)) == sorted([*ev.BENCHMARKS.values(), "math_train.jsonl", "upstream"])
     assert len(load_problems(str(data / "math_train.jsonl"))) == 7470
 

@@ -69,6 +69,8 @@ def test_resumed_run_equals_uninterrupted_run(two_ranks):
     assert res.stdout.count("ranks: 2 processes on the CPU (gloo)") == 1, res.stdout[:2000]
     assert sorted(os.listdir(out_a)) == ["config.yaml", "final", "metrics.jsonl", "samples.jsonl",
                                          "step_000002", "step_000004"]  # keep_last 2
+    for out in (out_a, out_b):  # the resumed run too names its last step final
+        assert os.path.realpath(os.path.join(out, "final")) == os.path.realpath(os.path.join(out, "step_000004"))
     for name in ("metrics.jsonl", "samples.jsonl"):
         assert f"--resume: dropped 1 torn line(s) of {out_b}/{name}" in res.stdout, res.stdout[-2000:]
     ma, mb = metrics(out_a), metrics(out_b)

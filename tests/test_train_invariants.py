@@ -195,6 +195,34 @@ def test_two_ranks_weights_equal_adamw_on_the_clipped_gradient(two_ranks):
 
 
 @pytest.mark.slow
+def test_two_ranks_sequence_mean_equals_the_whole_batch_reference(tmp_path, tiny_model_dir):
+    """GSPO on 2 ranks == one process over both ranks' samples: its sequence-mean aggregation (GRPO's
+    and GSPO's) divides by the global count of sequences, not a rank's (TEPO's token mean, above,
+    by the global count of tokens). A loss divided by one rank's count fails here."""
+    cfg, out, dump = launch(tmp_path, tiny_model_dir, "gspo2", ["--toy-reward"], nproc=2, method="gspo",
+                            steps=1, prompts_per_step=4, group_size=4)
+    per_rank = [rollouts(dump, r) for r in (0, 1)]
+    (row,), (want,) = metrics(out), reference(cfg, [per_rank[0][0] + per_rank[1][0]], toy)
+    assert want["actor/grad_norm"] > 0, "the toy reward should give the step a gradient"
+    assert row["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
+    assert row["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_the_covariance_methods_select_over_both_ranks(tmp_path, tiny_model_dir):
+    """KL-Cov on 2 FSDP2 ranks, 2 mini-batches a step (so the second one's |log r| is not 0): the
+    selection's extra forward (select_cov, a lock-step collective) and its choice over both ranks'
+    tokens (choose_cov's gathers) run inside the update on every rank alike, and select tokens."""
+    _, out, _ = launch(tmp_path, tiny_model_dir, "klcov2", ["--toy-reward"], nproc=2, method="klcov",
+                       steps=2, prompts_per_step=4, group_size=4, num_minibatches=2)
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["actor/optimizer_steps"] == 2 and r["actor/cov_selected_frac"] > 0
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+
+
+@pytest.mark.slow
 def test_two_ranks_sample_one_prompt_differently(two_ranks):
     """Both ranks get the same prompt (a one-problem data set): their responses must differ,
     which they do only if the sampling seed differs between ranks."""
