@@ -55,7 +55,8 @@ def placement(world, device):
     """(the line that says where the run's ranks are, a warning or None): rank 0 prints both at
     start. The warning: this node sees more GPUs than ranks run on it (plain `python train.py` on an
     8-GPU node trains on GPU 0 alone, with the whole batch), naming the torchrun command."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun sets it; a plain launch has 1
+    # torchrun sets it; a plain launch is one process; another launcher of several: not known (0)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1 if world == 1 else 0))
     visible = torch.cuda.device_count() if device.type == "cuda" else 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     return placement_text(world, local, device.type, visible, name)
@@ -66,8 +67,8 @@ def placement_text(world, local, device_type, visible, gpu_name=""):
     s = "s" if world != 1 else ""
     if device_type != "cuda":
         return f"ranks: {world} process{'es' if world != 1 else ''} on the CPU (gloo)", None
-    line = f"ranks: {world} rank{s}, {local} on this node, one GPU each ({gpu_name}; nccl)"
-    if visible > local:
+    line = f"ranks: {world} rank{s}{f', {local} on this node' if local else ''}, one GPU each ({gpu_name}; nccl)"
+    if local and visible > local:
         return line, (f"warning: this node has {visible} GPUs and {local} rank{'s' if local != 1 else ''} "
                       f"run on it: {visible - local} GPU{'s' if visible - local != 1 else ''} stay idle. Launch "
                       f"with `torchrun --nproc_per_node {visible} train.py ...` to use them all (or set "

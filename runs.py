@@ -54,7 +54,7 @@ def check_resume_path(resume):
     where = os.path.dirname(os.path.abspath(resume))
     have = [os.path.basename(c) for c in list_checkpoints(where)] if os.path.isdir(where) else []
     raise UserError(f"--resume {resume}: no such checkpoint"
-                    + (f" ({where} holds {', '.join(have)}: older ones are deleted past keep_last)" if have else "")
+                    + (f" ({where} holds {', '.join(have)}; a run keeps its newest keep_last)" if have else "")
                     + ": give one that exists, or --resume alone to continue from out_dir's newest")
 
 

@@ -320,7 +320,7 @@ def rollout_metrics(run, *, groups, drawn, seconds):
                "timing/rollout_tokens_per_s": tot["tokens"] / max(seconds["rollout"], 1e-9),
                # the step's budget (a study compares variants at equal budgets): every sample drawn
                # (dynamic sampling's extra draws too), and the groups kept whose rewards differ (A != 0)
-               "rollout/samples_drawn": tot["samples"], "rollout/groups_trained": tot["spread"]}
+               "rollout/samples_drawn": tot["samples"], "rollout/groups_spread": tot["spread"]}
     if run.cfg.dynamic_sampling:
         metrics["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
     return metrics
@@ -435,10 +435,12 @@ def old_logprobs(run, *, minibatches):
     Left out: the first mini-batch's sequences in the loss, whose old values the update takes from
     its own first forward (keep_as_old: one forward pass saved). Each later mini-batch's trained
     sequences are forwarded as the update will forward them (the same list: the same rows, order
-    and micro-batch cuts), so that where the policy has not moved, log r is exactly 0 on any
-    hardware: a GPU's matmul picks its tiling by the shape, so a sequence packed into another row
-    can round differently in bf16, and TEPO's sequence clip (1 +- 3e-4) and its mask's H < H_old
-    read exactly such differences. Sequences out of the loss (A = 0) get old values apart, only for
+    and micro-batch cuts), so that where the policy has not moved the inputs of every kernel are
+    the update's own: a GPU's matmul picks its tiling by the shape, so a sequence packed into
+    another row could round differently in bf16, and TEPO's sequence clip (1 +- 3e-4) and its
+    mask's H < H_old read exactly such differences. log r is then exactly 0 wherever the kernels
+    are deterministic and compute alike with and without grad (this CPU's; on a GPU the update's
+    forward under grad may pick another attention kernel: gpu_check's floor measures it). Sequences out of the loss (A = 0) get old values apart, only for
     the batch metrics (old_policy_metrics), unless full_batch_metrics is off.
     """
     t0, cfg = time.perf_counter(), run.cfg

@@ -28,8 +28,9 @@ minutes:
                    rounding there: sdpa in bf16 against sdpa in fp32)
   6. floor        check 1's step runs at lr 1e-30 with a reward that spreads every group: the
                    policy does not move, so the later mini-batches' largest |log r| and |log s_i|
-                   and the KL mask's share must be 0 (the first mini-batch's are by construction);
-                   PASS under a tenth of the narrowest clip
+                   and the KL mask's share are 0 where the kernels compute alike with and
+                   without grad (the first mini-batch's are by construction); FAIL where a clip
+                   decision moved: a token clipped, or |log s_i| over a tenth of the clip
   7. speed        one training micro-batch of the config at its shape (micro_batch_tokens of
                    groups of a 150-token prompt and group_size responses of 700; bf16, activation
                    checkpointing, the packed kernel, FSDP2): tokens/s forward+backward, peak
@@ -181,9 +182,9 @@ def coin(response, gold, *, format_reward=0.0, no_answer_penalty=0.0):
 
 def rl_step(config, results):
     """1. train.py for one step, in its own process (torchrun, one rank); and 6, the floor: at lr
-    1e-30 the policy does not move, so every later mini-batch's ratios to pi_old must be 1, as the
+    1e-30 the policy does not move, so every later mini-batch's ratios to pi_old should be 1, as the
     first one's are by construction (train.old_logprobs forwards each mini-batch as the update
-    does: on any hardware the same rows round alike)."""
+    does: the same rows, so the same kernels' inputs; the update's forward runs under grad)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
            os.path.join(ROOT, "train.py"), "--config", config]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(config), os.environ.get("PYTHONPATH", "")]))
@@ -203,23 +204,26 @@ def rl_step(config, results):
 def report_floor(results, last, lcfg):
     """6. The floor at lr 1e-30 (rl_step): the largest |log r| per token, the largest |log s_i|
     (the sequence ratio TEPO and GSPO clip, from actor/ratio_min and _max) and the KL mask's share
-    over the later mini-batches, beside the clip range. 0 expected; PASS while the largest is under
-    a tenth of the narrowest clip (then it cannot move a clip decision)."""
+    over the later mini-batches, beside the clip range. 0 expected (exact). FAIL where the noise
+    moved a clip decision: a token clipped (actor/clip_frac_low, _high), or for a sequence ratio
+    |log s_i| over a tenth of the narrowest clip. The mask's share is reported, not judged: where
+    log r is noise, H < H_old is a coin flip, but its term's gradient is that noise's size."""
     steps = last.get("actor/optimizer_steps", 0)
-    if steps < 2:
+    if steps < 2:  # seeded: again the same; 1 in ~150 with 4 groups of 4 (each all alike 1 in 8)
         return report(results, "floor", f"{steps} optimizer step(s): no later mini-batch trained", False,
-                      "the coin reward left too few groups spread; run again")
+                      "the coin reward left too few groups spread; report this line")
     log_r = last.get("actor/log_ratio_max", 0.0)
     log_s = max(abs(math.log(last["actor/ratio_max"])), abs(math.log(last["actor/ratio_min"])))
     mask = last.get("actor/kl_mask_frac")
+    clipped = last.get("actor/clip_frac_low", 0.0) + last.get("actor/clip_frac_high", 0.0)
     clip = min(lcfg.clip_low, lcfg.clip_high)
     exact = log_r == 0 and log_s == 0 and not mask
+    ok = clipped == 0 and (lcfg.ratio == "token" or log_s < 0.1 * clip)
     report(results, "floor", f"at lr 1e-30, {steps} optimizer steps: max |log r| {log_r:.1e}, max |log "
            f"{'s_i' if lcfg.ratio == 'sequence' else 'r'}| {log_s:.1e}"
-           + (f", KL mask on {mask:.1%} of tokens" if mask is not None else "")
-           + (" (exact)" if exact else " (NOT exact: the old pass and the update round apart)"),
-           max(log_r if lcfg.ratio == "token" else 0.0, log_s) < 0.1 * clip,
-           f"clip range 1 - {lcfg.clip_low:g} / 1 + {lcfg.clip_high:g}")
+           + (f", KL mask on {mask:.1%} of tokens" if mask is not None else "") + f", clipped {clipped:.1%}"
+           + (" (exact)" if exact else " (NOT exact: the old pass and the update's forward round apart)"),
+           ok, f"clip range 1 - {lcfg.clip_low:g} / 1 + {lcfg.clip_high:g}")
 
 
 def sequences(tokenizer, n, max_resp, seed=0, per_prompt=2):
@@ -529,8 +533,10 @@ def speed(args, config, model_dir, device, results):
     peak = matmul_peak(device, dtype)
     tps = positions / seconds
     mfu = 6 * N * tps / peak
-    memory = (f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda"
-              else "peak memory: on a GPU")
+    # one rank holds the whole model's fp32 weights and gradients (8N bytes); a rank of W, 1/W
+    memory = (f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (with the unsharded fp32 weights "
+              f"and gradients, {8 * N / 2**30:.1f} GiB, that a rank of 8 holds an eighth of)"
+              if device.type == "cuda" else "peak memory: on a GPU")
     ok = math.isfinite(tps) and tps > 0
     report(results, "speed", f"{tps:,.0f} tokens/s forward+backward ({positions:,} positions in {seconds:.3f} s), "
            f"{memory}, MFU {mfu:.1%} (6N, N = {N / 1e9:.3g} B, of {peak / 1e12:.1f} TFLOP/s measured: a "

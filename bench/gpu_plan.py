@@ -93,7 +93,8 @@ SHARED_CONFIG = os.path.join(ROOT, "..", "shared", "qwen2.5-math-tokenizer", "co
 # .yaml's shape: one packed micro-batch (groups of a 150-token prompt and 8 responses of 700),
 # forward and backward, bf16, FSDP2 on one GPU, the flex kernel, activation checkpointing:
 # 23,000 positions in 0.923 s = 24.9k tokens/s, 29.1% of the matmul peak measured on the spot
-# (793 TFLOP/s) at 6N FLOPs a token. bench/gpu_check.py's speed line measures the same on any GPU.
+# (793 TFLOP/s) at 6N FLOPs a token. bench/gpu_check.py's speed line measures the like on any GPU
+# (a micro-batch of the config's micro_batch_tokens).
 MEASURED = dict(gpu="NVIDIA H200", model="1.5b", tokens_per_s=24.9e3, prompt=150, response=700,
                 checkpointing=True)
 

@@ -33,7 +33,7 @@ resumed from.
 
 `report` reads the finished runs and writes, between the `<!-- generated: begin -->` and
 `<!-- generated: end -->` markers of docs/RESULTS.md (the rest of the file, the hypotheses, is
-left as it is): the budgets per variant (samples, groups trained, optimizer steps, tokens in the
+left as it is): the budgets per variant (samples, groups with reward spread, optimizer steps, tokens in the
 loss) with a line per compared pair whose budgets differ, where the KL mask and the clip can act
 (the optimizer steps with pi != pi_old), the tables per variant, the effect and verdict per claim
 (marked where the budgets differ), the total CPU time and
@@ -410,7 +410,7 @@ def run_summary(rows, steps, threshold, cfg=None):
            # the budget: what the run drew and what it trained on
            "samples_drawn": total(per_step, "rollout/samples_drawn", draws[0] * len(per_step) if draws else np.nan),
            # groups with a nonzero advantage: logged, or DAPO's share kept of the groups drawn
-           "groups_trained": total(per_step, "rollout/groups_trained", sum(kept) * draws[1] if kept and draws else np.nan),
+           "groups_spread": total(per_step, "rollout/groups_spread", sum(kept) * draws[1] if kept and draws else np.nan),
            "trained_tokens": total(per_step, "actor/trained_tokens"),
            "opt_steps": over("actor/optimizer_steps", sum),
            "opt_per_step": over("actor/optimizer_steps", np.mean),
@@ -492,7 +492,7 @@ def load_study(out):
 
 
 BUDGETS = [("opt_steps", "optimizer steps"), ("samples_drawn", "samples drawn"),
-           ("groups_trained", "groups trained"), ("trained_tokens", "tokens in the loss")]
+           ("groups_spread", "groups with reward spread"), ("trained_tokens", "tokens in the loss")]
 
 
 def budget_gaps(summaries, a, b):
@@ -715,15 +715,15 @@ def budget_lines(summaries, steps):
          f"What each variant drew and trained on over its {steps} RL steps: mean over seeds (the "
          "per-seed range in brackets). Samples drawn: train.py's `rollout/samples_drawn`, else "
          "prompts_per_step x group_size a step by the run's config (exact unless dynamic sampling "
-         "draws again); groups trained (a nonzero advantage): `rollout/groups_trained`, else DAPO's "
-         "`reward/groups_kept` x prompts_per_step; tokens in the loss: `actor/trained_tokens`; "
+         "draws again); groups with reward spread (a nonzero advantage; GRPO's KL term trains "
+         "the others too): `rollout/groups_spread`, else DAPO's `reward/groups_kept` x prompts_per_step; tokens in the loss: `actor/trained_tokens`; "
          "optimizer steps: `actor/optimizer_steps`, one per mini-batch with a trained token (train.py "
          "skips the others). –: not logged.", "",
-         "| variant | samples drawn | groups trained | optimizer steps per RL step | over the last half "
+         "| variant | samples drawn | groups with reward spread | optimizer steps per RL step | over the last half "
          "| optimizer steps in all | tokens in the loss |", "|---|---|---|---|---|---|---|"]
     for v, per_seed in summaries.items():
         vals = lambda key: [s.get(key, np.nan) for s in per_seed.values()]  # noqa: E731
-        L.append(f"| {v} | {spread(vals('samples_drawn'), ',.0f')} | {spread(vals('groups_trained'), ',.0f')} | "
+        L.append(f"| {v} | {spread(vals('samples_drawn'), ',.0f')} | {spread(vals('groups_spread'), ',.0f')} | "
                  f"{spread(vals('opt_per_step'))} | {spread(vals('opt_per_step_late'))} | "
                  f"{spread(vals('opt_steps'), ',.0f')} | {spread(vals('trained_tokens'), ',.0f')} |")
     pairs = list(dict.fromkeys((a, b) for _, _, a, b, *_ in CLAIMS if a in summaries and b in summaries))

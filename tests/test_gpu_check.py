@@ -36,7 +36,7 @@ def test_gpu_check_passes_in_its_cpu_form_without_vllm_or_weights(tmp_path):
     # the floor at lr 1e-30: the later mini-batches' ratios exactly 1 (the old pass forwards each
     # mini-batch as the update does), beside TEPO's clip range
     floor = next(line for line in lines if " floor " in line)
-    assert "max |log r| 0.0e+00, max |log s_i| 0.0e+00, KL mask on 0.0% of tokens (exact)" in floor, floor
+    assert "max |log r| 0.0e+00, max |log s_i| 0.0e+00, KL mask on 0.0% of tokens, clipped 0.0% (exact)" in floor, floor
     assert "clip range 1 - 0.0003 / 1 + 0.0004" in floor
     # the speed line at its tiny CPU size, and gpu_plan's step at that speed (a stand-in GPU)
     speed = next(line for line in lines if " speed " in line)

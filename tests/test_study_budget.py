@@ -67,8 +67,8 @@ def test_the_budget_of_each_run_by_hand(budget_study):
     assert (t1["opt_steps"], t1["opt_per_step"], t1["opt_per_step_late"]) == (11, 2.75, 1.5)
     assert (d0["opt_steps"], d1["opt_steps"]) == (16, 15)
     assert t0["samples_drawn"] == d1["samples_drawn"] == 4 * 8 * 8  # prompts x group size, 4 steps
-    assert d0["groups_trained"] == (1 + 0.75 + 0.5 + 0.5) * 8 and d1["groups_trained"] == 22
-    assert np.isnan(t0["groups_trained"]) and np.isnan(t0["trained_tokens"])  # not logged
+    assert d0["groups_spread"] == (1 + 0.75 + 0.5 + 0.5) * 8 and d1["groups_spread"] == 22
+    assert np.isnan(t0["groups_spread"]) and np.isnan(t0["trained_tokens"])  # not logged
     # the mask where it can act: (4 x 0.3 + 2 x 0.2 + 1 x 0) / (3 + 1 + 0), not the run's mean 0.5 / 3
     assert t0["kl_mask_frac"] == pytest.approx(0.5 / 3) and t0["kl_mask_acting"] == pytest.approx(0.4)
     assert t1["kl_mask_acting"] == pytest.approx((1.2 + 1.2 + 0.4) / (3 + 3 + 1))
@@ -96,10 +96,10 @@ def test_draws_from_the_config_only_where_sampling_draws_once():
     assert study.draws_per_step({"prompts_per_step": 8, "group_size": 4, "dynamic_sampling": True,
                                  "max_sampling_tries": 3}) is None  # it may draw again: unknown
     assert study.draws_per_step({}) is None
-    logged = [{"step": 1, "rollout/samples_drawn": 96, "rollout/groups_trained": 5, "actor/trained_tokens": 700},
-              {"step": 2, "rollout/samples_drawn": 64, "rollout/groups_trained": 3, "actor/trained_tokens": 300}]
+    logged = [{"step": 1, "rollout/samples_drawn": 96, "rollout/groups_spread": 5, "actor/trained_tokens": 700},
+              {"step": 2, "rollout/samples_drawn": 64, "rollout/groups_spread": 3, "actor/trained_tokens": 300}]
     s = study.run_summary(logged, 2, 0.6, {"prompts_per_step": 8, "group_size": 8})
-    assert (s["samples_drawn"], s["groups_trained"], s["trained_tokens"]) == (160, 8, 1000)  # logged first
+    assert (s["samples_drawn"], s["groups_spread"], s["trained_tokens"]) == (160, 8, 1000)  # logged first
 
 
 def test_the_report_prints_the_budgets_and_flags_unequal_ones(budget_study):

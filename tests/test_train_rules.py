@@ -224,3 +224,5 @@ def test_the_start_names_the_ranks_and_warns_of_idle_gpus():
     assert placement_text(16, 8, "cuda", 8, "NVIDIA H100")[1] is None  # 2 nodes of 8
     assert placement_text(2, 2, "cpu", 0) == ("ranks: 2 processes on the CPU (gloo)", None)
     assert placement_text(1, 1, "cpu", 4)[1] is None  # a CPU run never warns about GPUs
+    # a launcher that does not say how many ranks run on this node: no count, no warning
+    assert placement_text(16, 0, "cuda", 8, "X") == ("ranks: 16 ranks, one GPU each (X; nccl)", None)

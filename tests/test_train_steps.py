@@ -86,8 +86,9 @@ def test_later_mini_batches_read_pi_old_not_their_own_forward(train_here):
 def test_the_old_pass_forwards_each_mini_batch_as_the_update_does(train_here, monkeypatch):
     """The old pass computes each later mini-batch's trained sequences in exactly the micro-batches
     (rows, order, cuts) the update forwards them in, and the A = 0 sequences apart: where the
-    policy has not moved (lr 1e-30, in bf16) log r is then 0 by construction on any hardware, not
-    only on a CPU whose matmuls round a row alike whatever the other rows. Before, the old pass
+    policy has not moved (lr 1e-30, in bf16) every kernel then has the update's own inputs, so
+    log r is 0 wherever the kernels are deterministic (on a GPU too, not only on a CPU whose
+    matmuls round a row alike whatever the other rows; gpu_check's floor measures it there). Before, the old pass
     packed mini-batches 2-4 and the A = 0 sequences together, into other rows (a GPU's bf16 matmul,
     tiled by the shape, could round those differently: TEPO's clip at 1 +- 3e-4 and its mask read
     such differences)."""
@@ -124,7 +125,7 @@ def test_the_old_pass_forwards_each_mini_batch_as_the_update_does(train_here, mo
     for row, (_, update) in zip(read_metrics(out), steps):  # the policy did not move: every ratio 1
         assert row["actor/optimizer_steps"] == 2
         # the step's budget: 16 samples, 3 groups with reward spread, their tokens in the loss
-        assert row["rollout/samples_drawn"] == 16 and row["rollout/groups_trained"] == 3
+        assert row["rollout/samples_drawn"] == 16 and row["rollout/groups_spread"] == 3
         assert row["actor/trained_tokens"] == sum(n for p in update for mb in p for _, _, n in mb) > 0
         assert row["actor/kl_old"] == 0 and row["actor/log_ratio_max"] == 0
         assert row["actor/ratio_min"] == row["actor/ratio_max"] == 1
