@@ -801,9 +801,16 @@ _JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\|\\ )*(?:(?:and(?:\s+(?:at|also))?|or|\\
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
 _PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
                    r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
-# a part named in the text between two boxes: "\\boxed{3} for part (a) and \\boxed{7} for part (b)", "; (b) "
-_PART_NAMED = re.compile(r"(?i:\bpart\s*\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)?)(?![\w)])"
-                         r"|(?<![\w\\)\]])\((?:[a-h]|i{1,3}|iv)\)")
+# a part named at the start of a clause between two boxes: "\\boxed{3} for part (a) and \\boxed{7} for part (b)",
+# "; (b) ", "For part (b), ..." on a new sentence or line (not "the integer part 3", "option (a)", "f(b)", "part 2 of")
+_PART_NAMED = re.compile(r"(?im)(?:^|[;:.,]|\b(?:for|in|and)\b)[ \t*]*(?:part\s*\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)?"
+                         r"|\((?:[a-h]|i{1,3}|iv|vi{0,3})\))(?![\w)])(?![ \t]*of\b)")
+# ... or the whole text between them (stripped of spacing, `$`, `,;:*`) is a part's label: "(a) $\\boxed{3}$ (b) $\\boxed{7}$"
+_PART_GAP = re.compile(r"(?i)(?:part\s*)?\((?:[a-h]|i{1,3}|iv|vi{0,3})\)")
+# a word that withdraws the box before it: such boxes are not joined as parts or indexed names
+_REJECTED = re.compile(r"(?i)\b(?:wrong|incorrect|invalid|extraneous|spurious|impossible|fail(?:s|ed)?|reject(?:s|ed)?"
+                       r"|discard(?:s|ed)?|exclude[sd]?|rule[sd]?\s+out|not\s+(?:a\s+)?(?:valid|allowed|possible|solution"
+                       r"|root|answer)|(?:does\s+not|doesn't|do\s+not|don't)\s+(?:work|satisfy|hold|check))\b")
 # an indexed name before a box's value, inside it or just before it: `\boxed{y_1 = ..}`, `y_2 = \boxed{..}`
 _INDEXED = re.compile(r"(?<![a-zA-Z\\])([a-zA-Z])_\{?(\w{1,3})\}?\s*=")
 _INDEXED_BEFORE = re.compile(_INDEXED.pattern + r"\s*$")
@@ -833,13 +840,16 @@ def _prepare(text):
 _BARE_BOX = re.compile(r"[^\s$]+")  # `\boxed 5`: the token after it
 
 
-def _last_boxed(s):
+def _last_boxed(s, several=True):
     """Content of the last non-empty \\boxed{...} / \\fbox{...} / `\\boxed 5`, with the boxes that
     belong with it joined by ', ': boxes directly before it (only commas, 'and', `$`, spacing, a list
-    item's bullet between: _JOIN_GAP, under 300 characters), one box per labelled part (`(a) ...
-    \\boxed{5}`, `(b) ... \\boxed{7}` on their lines, or a part named between two boxes under 300
-    characters apart: "\\boxed{3} for part (a) and \\boxed{7} for part (b)"), or the values of one name
-    with two indices (`\\boxed{y_1 = ..}` ... `\\boxed{y_2 = ..}`: _indexed_pair); None if there is none."""
+    item's bullet between: _JOIN_GAP, under 300 characters), or one box per labelled part (`(a) ...
+    \\boxed{5}`, `(b) ... \\boxed{7}` on their lines); with `several` (the gold is several answers:
+    reward.grade decides), also boxes under 300 characters apart with a part named at the start of a
+    clause between them ("\\boxed{3} for part (a) and \\boxed{7} for part (b)": _PART_NAMED, _PART_GAP)
+    or giving one name with two indices (`\\boxed{y_1 = ..}` ... `\\boxed{y_2 = ..}`: _indexed_pair),
+    unless a word between them withdraws the first ("is extraneous", "fails": _REJECTED). None if
+    there is no box."""
     boxes, match = [], None
     for m in reversed(list(_BOXED.finditer(s))):  # from the last: at most 20 boxes are joined
         j = m.end()
@@ -868,8 +878,9 @@ def _last_boxed(s):
         b0, b1, content = boxes[k]
         by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
         near = b1 <= start and start - b1 < 300
-        if b1 > start or not (by_part or near and (_JOIN_GAP.fullmatch(s[b1:start]) or _PART_NAMED.search(s, b1, start)
-                                                    or _indexed_pair(s, boxes[k], boxes[k + 1]))):
+        if b1 > start or not (by_part or near and (_JOIN_GAP.fullmatch(s[b1:start]) or several and (
+                _PART_GAP.fullmatch(s[b1:start].strip(" \t\n$,;:*")) or _PART_NAMED.search(s, b1, start)
+                or _indexed_pair(s, boxes[k], boxes[k + 1])) and not _REJECTED.search(s, b1, start))):
             break
         parts.append(content)
         start = b0
@@ -887,15 +898,39 @@ def _indexed_pair(s, a, b):
     return la is not None and lb is not None and la[0] == lb[0] and abs(int(la[1]) - int(lb[1])) == 1
 
 
-# math spans joined as a list that ends its sentence: `$2$ and $5$.`, `$x = 1$, $x = 2$, or $x = 3$`
-_SPAN_LIST = re.compile(r"\s*\$[^$]+\$(?:\s*(?:[,;]|,?\s*\b(?:and|or)\b)\s*\$[^$]+\$)+(?=\s*(?:[.!;]|\n|$))")
+# math spans joined as a list that ends its sentence: `$2$ and $5$.`, `$x = 1$, $x = 2$, or $x = 3$`. Each
+# run of spacing is followed by something the next part needs (a separator, a `$`, the sentence's end), so
+# the regex has one way to match: linear time, whatever spacing a response holds (`$1$` + 100k newlines).
+_SPAN_LIST = re.compile(r"\s*\$[^$]+\$(?:\s*(?:[,;]\s*(?:(?:and|or)\b\s*)?|(?:and|or)\b\s*)\$[^$]+\$)+"
+                        r"(?=[^\S\n]*(?:[.!;\n]|$))")
+_SPAN_LIST_MAX = 2_000  # characters of a list looked at
 
 
 def _span_list(s):
     """The contents of the math spans that s starts with, joined by ', ', when they are a list (apart by
-    commas, 'and', 'or') that ends its sentence: "$2$ and $5$." -> "2, 5"; else None."""
-    m = _SPAN_LIST.match(s) if s.count("$") >= 4 else None
-    return ", ".join(x.strip() for x in _math_spans(m.group())) if m else None
+    commas, 'and', 'or') that ends its sentence: "$2$ and $5$." -> "2, 5"; else None. Only the first
+    _SPAN_LIST_MAX characters are read (a list running past them is none)."""
+    head = s[:_SPAN_LIST_MAX]
+    m = _SPAN_LIST.match(head) if head.count("$") >= 4 else None
+    if m is None or len(s) > len(head) and m.end() == len(head):
+        return None
+    return ", ".join(x.strip() for x in _math_spans(m.group()))
+
+
+_SENTENCE_BREAK = re.compile(r"[.!?]\s+(?=\S)")
+
+
+def _last_sentence(s):
+    """The last sentence of s, as _last_math reads the last math: its last line (of the last
+    _SPAN_LIST_MAX characters), from its last '. ', '! ' or '? ' outside math spans."""
+    line = s[-_SPAN_LIST_MAX:].rstrip().rsplit("\n", 1)[-1]
+    start, last, dollars = 0, 0, 0
+    for m in _SENTENCE_BREAK.finditer(line):
+        dollars += line.count("$", last, m.start()) - line.count("\\$", last, m.start())
+        last = m.start()
+        if dollars % 2 == 0:
+            start = m.end()
+    return line[start:]
 
 
 def _math_spans(s):
@@ -1057,8 +1092,10 @@ def _prose_value(s):
         tail = _SENTENCE_END.split(s[m.end():m.end() + 500], maxsplit=1)[0].strip(" *.,;")
         if _NEGATED.search(s[max(0, m.start() - 8):m.start()]) or _NEGATED.match(tail):
             return s  # "La réponse n'est pas 25.", "答案不是5": a value denied is not stated
-        first = _span_list(tail) or next((x.strip() for x in _math_spans(tail) if x.strip()), None) if "$" in tail else \
-            tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
+        if "$" in tail:
+            first = _span_list(tail) or next((x.strip() for x in _math_spans(tail) if x.strip()), None)
+        else:
+            first = tail[2:tail.find("\\)")].strip() if tail.startswith("\\(") and tail.find("\\)") > 2 else None
         if first:  # the first math after the verb: "The minimum is $-2$, attained at $x = 1$."
             return first
         if re.fullmatch(r"\(?[A-J]\)?", tail) and not _NEGATED.search(s[max(0, m.start() - 8):m.start()]):
@@ -1068,7 +1105,7 @@ def _prose_value(s):
         unit = _NUMBER_UNIT.fullmatch(tail)  # "The total is 9 apples.", "... = 12 cm"
         if unit:
             return unit.group(1)
-    math = _span_list(s) or _last_math(s)  # "$x = 2$ and $x = 5$": both
+    math = _span_list(_last_sentence(s)) or _last_math(s)  # a last sentence "$x = 2$ and $x = 5$.": both
     if math is not None:
         return math
     lead = _LEAD_NUMBER.fullmatch(s.strip())  # "5 яблок", "12 red apples"

@@ -67,16 +67,19 @@ is not its value when its clause rules it out ("Il reste 4 pommes, pas 5.").
 Several answers (issue 56): a gold or response of several answers (boxes joined as above, answers
 joined by commas, `;`, "and" or "or", math spans so joined, `$2$ and $5$`, a set `\\{..\\}`) is one
 collection, compared as a set: in any order, each item by the rules of one answer, a repeated item
-counting once (`(1, 2), (2, 1), (1, 2)` = `(2, 1), (1, 2)`), unless the gold itself repeats one (`2, 2,
-3`: then as many); a different number of distinct answers (a superset, a subset, one right and one
-wrong) is wrong. A tuple, point or interval is one ordered answer, never reordered, and so is a list of
-assignments against a tuple. Boxes are also one list when the text between them names a part ("for
-part (a)", "(b)") or when they give one name with two indices (`y_1 = ..`, `y_2 = ..`); a sentence "The
-final answer is $...$" after the last box is the final answer; against a gold list, `10,455` is the
-list 10, 455 (against a number, the number 10455). Where the rules cannot read an item, the second
-opinion is asked as for one answer: item by item for two lists or sets of scalars (math-verify reads
-`\\max(2, 5), \\gcd(4, 6)` as no set of numbers), else about the two collections; within one
-SECOND_OPINION_TIMEOUT in all.
+counting once (`(1, 2), (2, 1), (1, 2)` = `(2, 1), (1, 2)`; not an item with `=`), unless the gold itself
+repeats one (`2, 2, 3`: then as many); a different number of distinct answers (a superset, a subset,
+one right and one wrong) is wrong. A tuple, point or interval is one ordered answer, never reordered,
+and so is a list of assignments against a tuple. Against a gold of several answers only (grade and
+verify read the gold first), boxes are also one list when a part is named at the start of a clause
+between them ("for part (a)", "; (b)") or when they give one name with two indices (`y_1 = ..`, `y_2 =
+..`), unless a word between them withdraws the first ("extraneous", "fails"); a sentence "The final
+answer is $...$" after the last box is the final answer when it states a plain number; against a gold
+bare list or set, `10,455` is the list 10, 455 (against a number, a tuple or an interval, the number
+10455). Where the rules cannot read an item, the second opinion is asked as for one answer: item by
+item for two lists or sets of scalars (math-verify reads `\\max(2, 5), \\gcd(4, 6)` as no set of
+numbers), else about the two collections; within one SECOND_OPINION_TIMEOUT in all (past it, a timeout
+for guarded() to count).
 
 The second opinion (verify; the default grader, "rule+math_verify"; "rule" is rule_verify): where
 the rules find two final answers different because they could not read one of them (a function or
@@ -142,33 +145,38 @@ def _answer_tag(s):
     return (_answer_is(content) or _stated_math(content) or _from_prose(content)) if content else None
 
 
-# Minerva's closing line, "The final answer is $10,455$.": after the last box, it is the final answer
+# Minerva's closing line, "The final answer is $10,455$.": after the last box, a number it states is the final answer
 _FINAL_IS = re.compile(r"(?i)\bfinal\s+answer\s+is\s*\$")
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 
 
-def _boxed(s):
+def _boxed(s, several=True):
     """The boxed answer (_last_boxed), unless a sentence "The final answer is $...$" after the last
-    box states the answer: then what it states."""
-    ans = _last_boxed(s)
+    box states a plain number (digits, a sign, thousands separators, a decimal point: "$10,455$"):
+    then that number. Anything else it states ("$\\$12$", "$x$, where $x = 5$") leaves the box."""
+    ans = _last_boxed(s, several)
     later = _FINAL_IS.search(s, max(s.rfind("\\boxed"), s.rfind("\\fbox"))) if ans is not None else None
-    return (later and _answer_is(s[later.start():])) or ans
+    stated = _answer_is(s[later.start():]) if later else None
+    return stated.strip() if stated and _PLAIN_NUMBER.fullmatch(stated.strip()) else ans
 
 
-def _extract(s):
+def _extract(s, several=True):
     """The answer of the first rule that finds one (see extract_answer), or None."""
     for rule in (_boxed, _answer_tag, _answer_is, _hashes, _stated_math):
-        ans = rule(s)
+        ans = rule(s, several) if rule is _boxed else rule(s)
         if ans is not None and ans.strip():
             return ans.strip()
     return None
 
 
-def extract_answer(text):
+def extract_answer(text, *, several=True):
     """The final answer in `text`, or None if it has none.
 
     In order: the last \\boxed{...}/\\fbox{...} with balanced braces (also `\\boxed 5`; boxes in a
     row such as `\\boxed{2}, \\boxed{3}`, one per labelled part, or per indexed name `y_1`, `y_2`, are
-    joined; a later "The final answer is $...$" replaces them), else the content of
+    joined; a later "The final answer is $...$" that states a number replaces them; `several=False`,
+    grade's reading against a gold of one answer, joins no boxes per part named in the text or per
+    indexed name: see mathexpr._last_boxed), else the content of
     the last `<answer>...</answer>`, else the value after
     the last "(final) answer is" / "answer:" (also "Respuesta:", "答案是", ...: the languages of
     mathexpr._ANSWER_WORDS), else GSM8K's `#### ...`, else the last `$...$` (or \\(...\\),
@@ -180,10 +188,10 @@ def extract_answer(text):
         raise TypeError(f"extract_answer expects a str, got {type(text).__name__}")
     text = _prepare(text[-MAX_TEXT:])
     if "</think>" in text:
-        ans = _extract(text.rsplit("</think>", 1)[1])
+        ans = _extract(text.rsplit("</think>", 1)[1], several)
         if ans is not None:
             return ans
-    return _extract(text)
+    return _extract(text, several)
 
 
 def _has_marker(s):
@@ -194,14 +202,36 @@ def _has_marker(s):
     return "answer" in low or any(w in low for w in _ANSWER_WORDS) or "jawabannya" in low
 
 
-def _final_answer(s):
+def _final_answer(s, several=True):
     """What verify compares: the extracted answer of a solution text; the value a prose sentence
     states (see _from_prose); else s itself (a bare answer)."""
     if _has_marker(s):
-        ans = extract_answer(s)
+        ans = extract_answer(s, several=several)
         if ans is not None:
             return ans
     return _from_prose(s, dollars=True)
+
+
+def _several(g):
+    """Is the final answer g several answers (a list or set of two or more)? Only against such a
+    gold are a response's boxes joined per part named in the text or per indexed name: against one
+    answer, "$a_1 = \\boxed{3}$, and so $a_2 = \\boxed{7}$" is 7, not the list 3, 7."""
+    if len(g) > MAX_ANSWER:
+        return False
+    try:
+        x = _structure(_clean(g)[0])
+    except Exception:
+        return False
+    return x[0] in ("list", "set") and len(x[1]) > 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _gold_several(gold):
+    """_several of a gold's final answer (a GRPO group's responses share one gold: cached)."""
+    try:
+        return _several(_final_answer(_prepare(gold[-MAX_TEXT:])))
+    except Exception:
+        return False
 
 
 # ----------------------------------------------------------------------------- structures
@@ -212,7 +242,7 @@ def _match_unordered(gs, ps, eq, repeats=False):
     matches when each of its items equals an item of gs and each item of gs is met (`(1, 2), (2, 1),
     (1, 2)` = `(2, 1), (1, 2)`); a gold that repeats an item (`2, 2, 3`: side lengths, a multiplicity)
     takes only as many."""
-    if repeats and len(ps) > len(gs) and len(set(gs)) == len(gs):
+    if repeats and len(ps) > len(gs) and len(set(gs)) == len(gs) and not any(map(_has_equation, ps)):
         return _covers(gs, ps, eq)
     if len(gs) != len(ps):
         return False
@@ -228,7 +258,10 @@ def _match_unordered(gs, ps, eq, repeats=False):
 
 
 def _covers(gs, ps, eq):
-    """Is every item of ps equal to an item of gs, and every item of gs met? (ps with duplicates)"""
+    """Is every item of ps equal to an item of gs, and every item of gs met? (ps with duplicates; no
+    item of ps an equation: `x = 1, y = 2, z = 1` is three answers, not 1 and 2 with 1 repeated.)
+    Items equal within rel_tol count as one: `1.5, 1.5001, 2` covers `1.5, 2` (as `1.5001` alone
+    equals 1.5)."""
     ps = tuple(dict.fromkeys(ps))  # the same text twice: once (no comparisons)
     if len(ps) < len(gs):
         return False
@@ -242,6 +275,13 @@ def _covers(gs, ps, eq):
             return False
         met.add(i)
     return len(met) == len(gs)
+
+
+def _has_equation(x):
+    """Does structure x hold an `=` (an assignment `x = 1`, an equation)?"""
+    if x[0] == "expr":
+        return "=" in x[1]
+    return x[0] in ("list", "set", "union", "seq") and any(map(_has_equation, x[-1]))
 
 
 def _fingerprint(x):
@@ -596,8 +636,9 @@ def _equal(gold, pred, rtol):
         return False
     if _key(g) == _key(p):
         return True
-    if "," in g and "," not in p and _THOUSANDS.fullmatch(pred.strip("$ ")):
-        p = pred.strip("$ ")  # the gold decides: against a list (`10, 455`), `10,455` is that list
+    if "," in g and "," not in p and _THOUSANDS.fullmatch(pred.strip("$ ")) and _structure(g)[0] in ("list", "set"):
+        p = _clean(pred.strip("$ ").replace(",", ", "))[0]  # the gold decides: against a list or set
+        # (`10, 455`), `10,455` is that list; against a number, a tuple `(1, 500)` or an interval, a number
     grouped = (_solution_groups(gold), _solution_groups(pred)) if "=" in gold or "=" in pred else (gold, pred)
     if grouped != (gold, pred):  # `a = 2, b = 3; a = 3, b = 2`: solutions as tuples
         (g, g_pct, g_deg), (p, p_pct, p_deg) = _clean(grouped[0]), _clean(grouped[1])
@@ -719,7 +760,8 @@ def _judge(gold, pred, rel_tol, second_opinion):
         short = max(len(gold), len(pred)) < MAX_ANSWER
         if short and _squeeze(gold, False) == _squeeze(pred, False) and _squeeze(gold) == _squeeze(pred):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
-        g, p = _final_answer(gold), _final_answer(pred)
+        g = _final_answer(gold)
+        p = _final_answer(pred, several=_several(g))
         if _equal(g, p, rel_tol):
             return True
     except (Exception, _Timeout):
@@ -737,8 +779,8 @@ def grade(response, gold, *, rel_tol=1e-4, second_opinion=True):
     """
     if not isinstance(response, str):
         raise TypeError(f"reward: response must be a str, got {type(response).__name__}")
-    try:
-        ans = extract_answer(after_thinking(response))
+    try:  # boxes per part or per indexed name are one answer only against a gold of several
+        ans = extract_answer(after_thinking(response), several=isinstance(gold, str) and _gold_several(gold))
     except Exception:
         ans = None
     return ans, ans is not None and _judge(gold, ans, rel_tol, second_opinion)
@@ -809,17 +851,26 @@ def _scalars(s):
 def _item_by_item(gs, ps, rtol):
     """Two collections of scalars as sets, each item by the rules or else by math-verify (where it may
     be asked: _worth_asking), as a single answer is: math-verify reads `\\max(2, 5), \\gcd(4, 6)` as
-    no set of numbers. All its verdicts share one SECOND_OPINION_TIMEOUT; past it, "no"."""
+    no set of numbers. All its verdicts share one SECOND_OPINION_TIMEOUT; past it, "no", counted
+    as a timeout (_in_time)."""
     deadline = time.monotonic() + second_opinion.SECOND_OPINION_TIMEOUT
     met = set()
     for p in dict.fromkeys(ps):
-        i = next((i for i, g in enumerate(gs) if time.monotonic() < deadline and _rules_equal(g, p, rtol)), None)
+        i = next((i for i, g in enumerate(gs) if _in_time(deadline) and _rules_equal(g, p, rtol)), None)
         if i is None:  # math-verify, on the gold's items not met yet first
             i = next((j for j in sorted(range(len(gs)), key=met.__contains__) if _asked(gs[j], p, deadline)), None)
         if i is None:
             return False
         met.add(i)
     return len(met) == len(gs)
+
+
+def _in_time(deadline, margin=0.0):
+    """True before deadline; past it, second_opinion.Failed("timeouts"), which _second_opinion notes
+    for guarded() to count in reward/timeouts, as a single answer's verdict that does not come."""
+    if time.monotonic() < deadline - margin:
+        return True
+    raise second_opinion.Failed("timeouts", f"no verdict item by item within {second_opinion.SECOND_OPINION_TIMEOUT}s")
 
 
 def _rules_equal(g, p, rtol):
@@ -832,8 +883,8 @@ def _rules_equal(g, p, rtol):
 
 def _asked(g, p, deadline):
     """math-verify's "yes" on the items g and p, where it may be asked, in the time left to deadline."""
-    left = deadline - time.monotonic()
-    return left > 0.05 and _worth_asking(g, p) and second_opinion.ask(_delimited(g), _delimited(p), left)
+    return _worth_asking(g, p) and _in_time(deadline, 0.05) and \
+        second_opinion.ask(_delimited(g), _delimited(p), deadline - time.monotonic())
 
 
 def _worth_asking(g, p):

@@ -712,7 +712,9 @@ COLLECTIONS = {
         ("3, 7", r"For part (a) we get $\boxed{3}$; for part (b), after more work, $\boxed{7}$.", T),
         ("3, 7", r"(a) $\boxed{3}$; (b) $\boxed{7}$", T),
         ("3, 7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{8}$ for part (b).", F),
-        ("7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", F),
+        ("3", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", F),
+        # against one answer, the last box (the parts join only against a gold of several answers)
+        ("7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", T),
         ("y_1 = (x + 1)^2, y_2 = x^2 - 1",
          r"The first is $\boxed{y_1 = x^2 + 2x + 1}$, and the second is $\boxed{y_2 = (x - 1)(x + 1)}$.", T),
         (r"y_1 = e^{2x} \text{ and } y_2 = x e^{2x}", "So\n\\[\\boxed{y_2 = xe^{2x}}\\]\nand also\n\\[\\boxed{y_1 = e^{2x}}\\]", T),
@@ -757,5 +759,51 @@ COLLECTIONS = {
         ("2, 5", r"$\boxed{5}$ and $\boxed{2}$", T),
         ("2, 5", r"$\boxed{5}$ and $\boxed{2}$ and $\boxed{5}$", T),
         ("2, 5", r"$\boxed{5}$ and $\boxed{2}$ and $\boxed{2.5}$", F),
+        ("1, 2", r"\boxed{x = 1, y = 2, z = 1}", F),  # assignments to three names: three answers, not 1 and 2
+        ("1, 2", r"\boxed{x = 1, x = 2}", T),
+    ],
+    # the review of issue 56's fix: against a gold of one answer, a part or an index named in the text
+    # joins no boxes (the last box is the answer); the earlier box alone is wrong
+    "single": [
+        ("10", r"$\lfloor x \rfloor = \boxed{3}$, the integer part 3 of $x$. Then $x^2 = \boxed{10}$.", T),
+        ("18", r"So $AB = \boxed{6}$. In part 2 of the solution we double it: $\boxed{18}$", T),
+        ("5", r"The real part is $\boxed{3}$; the imaginary part 4 then gives $|z| = \boxed{5}$.", T),
+        ("4", r"We get $f(a) = \boxed{2}$ and then $f(b) = (b)^2$ so the answer is $\boxed{4}$", T),
+        ("7", r"$a_1 = \boxed{3}$, and so $a_2 = \boxed{7}$.", T),
+        ("3", r"$\lfloor x \rfloor = \boxed{3}$, the integer part 3 of $x$. Then $x^2 = \boxed{10}$.", F),
+        ("3", r"$a_1 = \boxed{3}$, and so $a_2 = \boxed{7}$.", F),
+        ("3, 7", r"$a_1 = \boxed{3}$, and so $a_2 = \boxed{7}$.", T),  # against a list: one per index
+    ],
+    # against a list gold, a box the response withdraws between two boxes is not joined
+    "withdrawn": [
+        ("2, 5", r"So $x = \boxed{2}$ is a candidate, but checking case (i) it fails. Case (ii) gives $\boxed{5}$.", F),
+        ("4, 6", r"$\boxed{4}$ would be option (a), which is wrong; the correct value is $\boxed{6}$.", F),
+        ("2, 5", r"Thus $x_1 = \boxed{2}$ is extraneous, leaving $x_2 = \boxed{5}$.", F),
+        ("3, 4", r"$y_1 = \boxed{3}$ is wrong, since $y$ must be even; $y_2 = \boxed{4}$", F),
+        ("3, 7", r"$\boxed{3}$ for part (a) and $\boxed{7}$ for part (b)", T),
+        ("3 and 7", r"$\boxed{3}$ for part (a) and $\boxed{7}$ for part (b)", T),
+        ("3, 7", "(a) $\\boxed{3}$ (b) $\\boxed{7}$", T),
+        ("y_1 = x^2 + 2x + 1, y_2 = x - 1", r"First $y_1 = \boxed{(x+1)^2}$, and then $y_2 = \boxed{x - 1}$.", T),
+    ],
+    # "The final answer is $...$" after the last box replaces it only when it states a plain number
+    "closing": [
+        ("12", "She pays $\\boxed{\\$12}$.\nFinal Answer: The final answer is $\\$12$. I hope it is correct.", T),
+        ("5", "Thus $\\boxed{5}$.\nThe final answer is $x$, where $x = 5$.", T),
+        ("10455", "We found $\\boxed{455}$ pairs.\n\nThe final answer is $-10,455.5$", F),
+        ("-10455.5", "We found $\\boxed{455}$ pairs.\n\nThe final answer is $-10,455.5$", T),
+        ("x", "Thus $\\boxed{5}$.\nThe final answer is $x$, where $x = 5$.", F),
+    ],
+    # a thousands separator is a list's comma only against a bare list or set, not a tuple or interval
+    "separators": [
+        ("(1, 500)", r"\boxed{1,500}", F),
+        ("[1, 500]", r"\boxed{1,500}", F),
+        ("1500", r"\boxed{1,500}", T),
+        (r"\{1, 500\}", r"\boxed{1,500}", T),
+    ],
+    # a list of math spans is read in the last sentence only (as the last math span is)
+    "spans": [
+        ("2, 3", "$2$ and $3$.\nWe test both: only $x=3$ satisfies the original equation, so we keep $x = 3$.", F),
+        ("3", "$2$ and $3$.\nWe test both: only $x=3$ satisfies the original equation, so we keep $x = 3$.", T),
+        ("2, 3", "We test $x = 1$; it fails.\n$x = 2$ and $x = 3$.", T),
     ],
 }

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import mathexpr
 import reward
 import second_opinion
 from grader_cases import COLLECTIONS
@@ -44,9 +45,67 @@ def test_every_class_has_right_and_wrong_rows():
     ("The answer is $2$ and $5$.", "2, 5"),
     ("The answer is $2$, since $x = 5$ fails.", "2"),
     ("The answer is $2$ and $x = 5$ is excluded.", "2"),  # the list must end the sentence
+    ("The answer is $2$,\tand $5$.", "2, 5"),
+    ("The answer is $2$; or $5$.", "2, 5"),
+    ("She pays $\\boxed{\\$12}$.\nFinal Answer: The final answer is $\\$12$.", "\\$12"),  # no plain number: the box
+    ("Thus $\\boxed{5}$.\nThe final answer is $x$, where $x = 5$.", "5"),
+    (r"Thus $x_1 = \boxed{2}$ is extraneous, leaving $x_2 = \boxed{5}$.", "5"),  # withdrawn: not joined
+    (r"$\boxed{4}$ would be option (a), which is wrong; the correct value is $\boxed{6}$.", "6"),
+    (r"$\lfloor x \rfloor = \boxed{3}$, the integer part 3 of $x$. Then $x^2 = \boxed{10}$.", "10"),
+    (r"So $AB = \boxed{6}$. In part 2 of the solution we double it: $\boxed{18}$", "18"),
+    (r"We get $f(a) = \boxed{2}$ and then $f(b) = (b)^2$ so the answer is $\boxed{4}$", "4"),
 ])
 def test_extraction_of_several_answers(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text,one", [
+    (r"$\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", "7"),
+    (r"(a) $\boxed{3}$; (b) $\boxed{7}$", "7"),
+    (r"so $x_1 = \boxed{2}$, and after checking, $x_2 = \boxed{5}$", "5"),
+    (r"$a_1 = \boxed{3}$, and so $a_2 = \boxed{7}$.", "7"),
+    (r"$\boxed{2}$, $\boxed{3}$", "2, 3"),  # boxes in a row are one list whatever the gold (older rule)
+])
+def test_parts_and_indices_join_boxes_only_against_a_gold_of_several(text, one):
+    """grade joins boxes per part named in the text or per indexed name only where the gold lists
+    several answers (several=True, extract_answer's default); against one answer the last box counts."""
+    assert extract_answer(text, several=False) == one
+    assert reward.grade(text, "7")[0] == one
+    assert reward._gold_several("3, 7") and reward._gold_several("$x = 1$ and $x = 2$")
+    assert not reward._gold_several("7") and not reward._gold_several("(3, 7)") and not reward._gold_several("10,455")
+
+
+@pytest.mark.parametrize("spacing", ["\n", " ", "\t ", ", "])
+def test_a_long_run_of_spacing_after_a_math_span_grades_fast(spacing):
+    """_SPAN_LIST once backtracked quadratically on the spacing after a math span (8k newlines: 1.3 s;
+    200k characters: minutes inside one regex call). A 200k-character response now grades at once."""
+    n = (200_000 - 30) // len(spacing)
+    for response in ("$1$" + spacing * n + "$2$ hello world done.", "The answer is $1$" + spacing * n + "$2$ x",
+                     "$1$" + spacing * n + "x"):
+        t0 = time.perf_counter()
+        reward.grade(response, "2")
+        reward.grade(response, "1, 2")
+        verify("1, 2", response)
+        mathexpr._span_list(response), mathexpr._SPAN_LIST.match(response)
+        assert time.perf_counter() - t0 < 2.0, (spacing, response[:20])
+
+
+def test_a_collections_second_opinion_past_its_bound_is_counted(monkeypatch):
+    """Item by item, the verdicts that the shared bound cuts off are a timeout for guarded() to count
+    (reward/timeouts), as a single answer's verdict that does not come."""
+    def slow_no(gold, pred, timeout):
+        time.sleep(0.05)
+        return False
+    monkeypatch.setattr(second_opinion, "ask", slow_no)
+    monkeypatch.setattr(second_opinion, "SECOND_OPINION_TIMEOUT", 0.2)
+    failed = {"errors": 0, "timeouts": 0}
+    gold, pred = ", ".join(str(k) for k in range(1, 9)), ", ".join(f"\\max({k}, 20)" for k in range(1, 9))
+    assert reward.guarded(10, lambda: verify(gold, pred), pred, failed) is None
+    assert failed["timeouts"] == 1 and "item by item" in failed["first"]
+    monkeypatch.setattr(second_opinion, "SECOND_OPINION_TIMEOUT", 5.0)
+    failed = {"errors": 0, "timeouts": 0}  # a "no" within the bound is no failure
+    assert reward.guarded(10, lambda: verify("2, 5", r"\gcd(4, 6), \max(2, 4)"), "", failed) is False
+    assert failed == {"errors": 0, "timeouts": 0}
 
 
 def test_a_gold_of_math_spans_is_a_list():
