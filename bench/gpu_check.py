@@ -496,13 +496,14 @@ def speed(args, config, model_dir, device, results):
     key = "cpu" if args.cpu else "gpu"
     prompt, resp, *budget = SPEED_SHAPE[key]
     cfg = load_config(config, [f"micro_batch_tokens={budget[0]}"] if budget else [])
+    group_size = load_config(args.config).group_size  # the config's, not the small step's 4
     g = torch.Generator().manual_seed(0)
     vocab = min(len(load_tokenizer(model_dir)), 30000)
     seqs, k = [], 0
     while sum(len(s.resp) for s in seqs) + prompt * k < cfg.micro_batch_tokens:
-        ids = torch.randint(3, vocab, (prompt + cfg.group_size * resp,), generator=g).tolist()
+        ids = torch.randint(3, vocab, (prompt + group_size * resp,), generator=g).tolist()
         seqs += [Sequence((0, k), ids[:prompt], ids[prompt + i * resp:prompt + (i + 1) * resp], (-1.0) ** i, True,
-                          torch.zeros(resp)) for i in range(cfg.group_size)]
+                          torch.zeros(resp)) for i in range(group_size)]
         k += 1
     mb = packing.micro_batches(seqs, cfg.micro_batch_tokens, cfg.micro_batch_layout)[0]
     positions = packing.computed_tokens([mb], cfg.micro_batch_layout, cfg.activation_checkpointing)

@@ -41,6 +41,9 @@ def test_gpu_check_passes_in_its_cpu_form_without_vllm_or_weights(tmp_path):
     # the speed line at its tiny CPU size, and gpu_plan's step at that speed (a stand-in GPU)
     speed = next(line for line in lines if " speed " in line)
     assert re.search(r"[\d,]+ tokens/s forward\+backward \(\d+ positions in [\d.]+ s\), .*MFU [\d.]+% \(6N", speed)
+    # ... of the config's groups (math1.5b's group_size 8), not the one-step check's 4 a prompt
+    shape = re.search(r"(\d+) responses of \d+ after (\d+) prompts of", speed)
+    assert shape and int(shape[1]) == 8 * int(shape[2]), speed
     assert re.search(r"gpu_plan, configs/math1.5b-tepo.yaml with this model on 8 x H100 80GB \(a stand-in: "
                      r"this is no GPU it knows\): [\d.]+ s a step at this speed", run.stdout), run.stdout
 
