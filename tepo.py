@@ -424,7 +424,9 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
     mismatch/). Every metric is likewise a token mean normalised by a global count,
     `metric_tokens` (default `num_tokens`; e.g. the trained tokens when the caller leaves out
     sequences without gradient), so summing metrics over micro-batches and ranks gives the
-    mini-batch value -- except those METRIC_REDUCE names, which reduce by min or max.
+    mini-batch value -- except those METRIC_REDUCE names, which reduce by min or max. With the KL
+    mask (and logp with grad), actor/grad_w_policy and actor/grad_w_kl_mask: each term's
+    sum over tokens of |d term / d logp_t|, normalised as the term is, so they add up alike.
     """
     optional = dict(entropy=entropy, old_entropy=old_entropy, ref_logp=ref_logp,
                     rollout_logp=rollout_logp, cov_sel=cov_sel)
@@ -472,6 +474,15 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         kl_mask_loss = cfg.kl_mask_coef * aggregate(kl_m * kl_estimate(logp, target, "k3"),
                                                     mask, "token-mean", **agg)
         loss = loss + kl_mask_loss
+    grad_w = {}
+    if cfg.kl_mask and logp.requires_grad:
+        # How hard the mask pulls beside the policy term: each term's sum over tokens of
+        # |d term / d logp_t|, the weight it puts on the token's grad log pi (the backward through
+        # the model carries both alike). Elementwise over (B, T): no pass through the model.
+        for name, term in (("policy", pg_loss), ("kl_mask", kl_mask_loss)):
+            g = torch.autograd.grad(term, logp, retain_graph=True, allow_unused=True)[0]
+            grad_w[f"actor/grad_w_{name}"] = (g.detach().abs().double().sum() if g is not None
+                                              else torch.zeros((), dtype=torch.float64))
 
     with torch.no_grad():
         n = metric_tokens or num_tokens
@@ -494,6 +505,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         }
         if cfg.kl_mask:
             metrics["actor/kl_mask_frac"] = token_sum(kl_m)
+            metrics.update(grad_w)
         if cfg.entropy_coef != 0:
             metrics["loss/entropy_bonus"] = entropy_loss.detach()
         if cfg.cov != "none":

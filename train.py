@@ -501,6 +501,9 @@ def update_policy(run, *, minibatches, step):
             if k == 0:
                 keep_as_old(mb, batch, logp, ent)
             loss, metrics = micro_batch_loss(cfg, batch, logp, ent, counts=n, keys=keys)
+            if k == 0 and cfg.loss_cfg.kl_mask_target == "old":  # pi = pi_old: the mask's weight is 0
+                # by construction, so its share is read over the later mini-batches, where it can act
+                metrics = {key: v for key, v in metrics.items() if not key.startswith("actor/grad_w_")}
             loss.backward()
             loss_sum += loss.item()
             add_metrics(sums, metrics)
@@ -570,6 +573,9 @@ def update_metrics(run, *, sums, steps, step):
     n = max(len(steps), 1)
     metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k] / n
                for k in keys}
+    if "actor/grad_w_kl_mask" in metrics:  # TEPO's mask: its share of the per-token gradient weight
+        w = metrics["actor/grad_w_kl_mask"] + metrics["actor/grad_w_policy"]
+        metrics["actor/kl_mask_grad_share"] = metrics["actor/grad_w_kl_mask"] / w if w > 0 else 0.0
     metrics.update({"actor/optimizer_steps": len(steps),
                     "actor/grad_norm": sum(s.grad_norm for s in steps) / n,
                     "actor/lr": lr_at(run.cfg, step), "actor/skipped_updates": run.state.skipped})

@@ -335,6 +335,12 @@ def test_kl_mask_acts_exactly_where_spec_says():
     # d/dlogp of beta * k3 / ntok = beta * (1 - exp(old - logp)) / ntok
     analytic = cfg.kl_mask_coef * (1 - torch.exp(d["old"] - d["logp"])) / d["mask"].sum()
     assert torch.allclose(kl_grad[expected], analytic[expected], atol=1e-12)
+    # the logged weights: each term's sum of |d term / d logp_t| (the mask's share of the pull)
+    assert m["actor/grad_w_kl_mask"].item() == pytest.approx(analytic[expected].abs().sum().item(), rel=1e-9)
+    assert m["actor/grad_w_policy"].item() == pytest.approx(g_off.abs().sum().item(), rel=1e-9)
+    # without grad (a metrics-only call) they are not computed
+    _, m_nograd = run_loss(d, cfg)
+    assert "actor/grad_w_kl_mask" not in m_nograd
 
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])

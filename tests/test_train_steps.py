@@ -130,6 +130,8 @@ def test_the_old_pass_forwards_each_mini_batch_as_the_update_does(train_here, mo
         assert row["actor/kl_old"] == 0 and row["actor/log_ratio_max"] == 0
         assert row["actor/ratio_min"] == row["actor/ratio_max"] == 1
         assert row["actor/kl_mask_frac"] == 0
+        assert row["actor/kl_mask_grad_share"] == 0 and row["actor/grad_w_kl_mask"] == 0
+        assert row["actor/grad_w_policy"] > 0  # the second mini-batch's policy term
         assert row["actor/clip_frac_low"] == row["actor/clip_frac_high"] == 0
 
 
@@ -143,6 +145,7 @@ def test_the_masks_reference_target_loads_the_reference(train_here):
     assert all(r["actor/optimizer_steps"] == 2 for r in rows)
     assert rows[-1]["actor/kl_ref"] > 0  # read from pi_ref: the run moved off it
     assert rows[-1]["actor/kl_mask_frac"] > 0
+    assert 0 < rows[-1]["actor/kl_mask_grad_share"] < 1
 
 
 class CannedEngine:
