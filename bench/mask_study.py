@@ -1,0 +1,338 @@
+"""The mask study's report: does TEPO's KL mask change anything once it can act, and at what drift?
+
+    python bench/mask_study.py report --doses runs/mask/d0 runs/mask/d1 runs/mask/d2
+
+docs/RESULTS.md ("The mask study") holds the study's setting, hypotheses and verdict rules, written
+before its runs. Each --doses directory is one dose's `bench/study.py run` OUT (its lr and
+num_minibatches among its --set values), given from the smallest drift to the largest; they are
+named D0, D1, ... in that order. The report reads their finished runs (a run is finished when its
+directory holds DONE) and writes between the `<!-- generated mask: begin -->` and
+`<!-- generated mask: end -->` markers of docs/RESULTS.md:
+  - the doses as they came out (the drift where the mask can act) and the dose premise: tepo-nomask's
+    median acting kl_old at the last dose over the first is at least DOSE_SPAN;
+  - the budgets per dose and variant, and the equal-optimizer-steps premise: every variant's mean
+    optimizer steps per RL step within OPT_TOLERANCE of num_minibatches;
+  - the mask where it can act (coverage and gradient share);
+  - the mask's effect per dose (TEPO minus TEPO without its mask on PRIMARY), by the rule of
+    `mask_findings`, and the answer to the study's question;
+  - the per-variant tables and the paper's claims per dose (bench/study.py's rules and statistics);
+  - the CPU time (the base counted once: the dose directories share it).
+"Acting": the optimizer steps after the first of their RL step, the only ones where pi != pi_old
+(bench/study.py acting_mean).
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import study  # noqa: E402
+
+ROOT = study.ROOT
+TASK = "mask"            # the generated markers' name
+THRESHOLD = 0.8          # C1: steps to a 10-step trailing training accuracy of 0.8 (the shortcut task's)
+DOSE_SPAN = 100          # the dose premise: drift at the last dose over the first
+OPT_TOLERANCE = 0.02     # the budget premise: optimizer steps per RL step within 2% of num_minibatches
+VARIANTS = ["tepo", "tepo-nomask", "gspo", "grpo"]
+# The mask's effect (TEPO minus TEPO without its mask), the three primary measures: summary key, name
+PRIMARY = [("entropy_final", "final entropy"), ("pass@32", "final held-out pass@32"),
+           ("log_ratio_p999", "run's largest p99.9 |log r|")]
+# The paper's claims per dose: id, what, variant, baseline, key, effect kind, side of the null
+CLAIMS = [("C1", "steps to 0.8, TEPO / GRPO", "tepo", "grpo", "steps_to_thr", "ratio", "below"),
+          ("C2", "final entropy, TEPO - GRPO", "tepo", "grpo", "entropy_final", "diff", "above"),
+          ("C2", "final pass@32, TEPO - GRPO", "tepo", "grpo", "pass@32", "diff", "above"),
+          ("C3", "run's largest p99.9 |log r|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below")]
+
+
+def step_kls(per_step):
+    """Each RL step's kl_old over its acting optimizer steps: the logged kl_old is the mean over
+    its n optimizer steps, the first of which is 0 by construction, so n / (n - 1) times it.
+    -> [float], the steps with at least two optimizer steps"""
+    return [r["actor/kl_old"] * r["actor/optimizer_steps"] / (r["actor/optimizer_steps"] - 1)
+            for r in per_step if (r.get("actor/optimizer_steps") or 0) >= 2 and r.get("actor/kl_old") is not None]
+
+
+def mask_grad_share(per_step):
+    """The mask's share of the per-token gradient weight where it can act, over the run: sum of
+    n * grad_w_kl_mask over sum of n * (grad_w_kl_mask + grad_w_policy), n the step's optimizer
+    steps (train.py logs each as a mean over them). NaN where the mask is off."""
+    mask = sum(r["actor/grad_w_kl_mask"] * r["actor/optimizer_steps"] for r in per_step
+               if r.get("actor/grad_w_kl_mask") is not None)
+    pol = sum(r["actor/grad_w_policy"] * r["actor/optimizer_steps"] for r in per_step
+              if r.get("actor/grad_w_policy") is not None)
+    return mask / (mask + pol) if mask + pol > 0 else np.nan
+
+
+def run_numbers(rows, steps, cfg):
+    """bench/study.py's run_summary, with the drift per step and the mask's gradient share."""
+    out = study.run_summary(rows, steps, THRESHOLD, cfg)
+    per_step = [r for r in rows if r.get("step", 0) > 0]
+    kls = step_kls(per_step)
+    n = len(per_step) or np.nan
+    out.update(kl_step_median=float(np.median(kls)) if kls else np.nan,
+               kl_step_max=max(kls) if kls else np.nan,
+               mask_grad_share=mask_grad_share(per_step),
+               samples_per_step=out["samples_drawn"] / n, groups_per_step=out["groups_spread"] / n,
+               tokens_per_step=out["trained_tokens"] / n)
+    return out
+
+
+def dose_setting(settings):
+    """(lr, num_minibatches) of a dose's OUT from its --set values over configs/study.yaml's."""
+    values = dict(settings.get("config_values") or {})
+    for s in settings.get("set", []):
+        key, _, val = s.partition("=")
+        values[key] = val
+    return float(values["lr"]), int(values["num_minibatches"])
+
+
+def load_doses(paths):
+    """[(name, path, settings, {variant: {seed: numbers}})] of the dose directories, in order."""
+    doses = []
+    for i, path in enumerate(paths):
+        if not os.path.exists(os.path.join(path, "study.json")):
+            sys.exit(f"{path} holds no study (no study.json): run its `bench/study.py run` first")
+        runs, settings = study.load_study(path)
+        numbers = {}
+        for v in VARIANTS:
+            for seed, rows in runs.get(v, {}).items():
+                cfg = study.read_config(study.run_dir(path, v, seed))
+                numbers.setdefault(v, {})[seed] = run_numbers(rows, settings["steps"], cfg)
+        doses.append((f"D{i}", path, settings, numbers))
+    return doses
+
+
+def values(numbers, variant, key, seeds=None):
+    per_seed = numbers.get(variant, {})
+    return [per_seed[s][key] for s in (sorted(per_seed) if seeds is None else seeds)]
+
+
+def mean_ci(vals, digits=3, sci=False):
+    """'mean [low, high]' (bootstrap over seeds); '–' without data."""
+    est, lo, hi = study.bootstrap_ci([v for v in vals if np.isfinite(v)])
+    if np.isnan(est):
+        return "–"
+    f = (lambda x: f"{x:.2e}") if sci else (lambda x: f"{x:.{digits}f}")
+    return f"{f(est)} [{f(lo)}, {f(hi)}]"
+
+
+def shared_seeds(numbers, a, b):
+    return sorted(set(numbers.get(a, {})) & set(numbers.get(b, {})))
+
+
+def side(lo, hi):
+    """'higher' / 'lower' where the interval lies wholly above / below 0, else None."""
+    return "higher" if lo > 0 else "lower" if hi < 0 else None
+
+
+def mask_effects(doses):
+    """{(dose, key): (seeds, bootstrap (est, lo, hi), t (mean, lo, hi), side of the t interval)}:
+    TEPO minus TEPO without its mask, paired by seed, on each PRIMARY measure."""
+    out = {}
+    for name, _, _, numbers in doses:
+        seeds = shared_seeds(numbers, "tepo", "tepo-nomask")
+        for key, _ in PRIMARY:
+            x, y = values(numbers, "tepo", key, seeds), values(numbers, "tepo-nomask", key, seeds)
+            boot = study.paired_effect(x, y) if seeds else (np.nan,) * 3
+            t = study.t_interval(x, y)
+            out[(name, key)] = (seeds, boot, t, None if np.isnan(t[1]) else side(t[1], t[2]))
+    return out
+
+
+def mask_findings(effects):
+    """The rule written before the runs: the mask *changes* a measure at a dose where the t
+    interval lies wholly on one side of 0. One such interval alone is a lead; a finding is the
+    same measure off 0 with the same sign at two doses, or two measures off 0 at one dose.
+    -> ({(dose, key)} findings, {(dose, key)} leads)"""
+    off = {k: s for k, (_, _, _, s) in effects.items() if s}
+    findings = set()
+    for (d, key), s in off.items():
+        same_elsewhere = any(d2 != d and k2 == key and s2 == s for (d2, k2), s2 in off.items())
+        others_here = any(d2 == d and k2 != key for (d2, k2) in off)
+        if same_elsewhere or others_here:
+            findings.add((d, key))
+    return findings, set(off) - findings
+
+
+def answer(doses, effects):
+    """The study's answer, as the rule reads it, in a sentence or two."""
+    findings, leads = mask_findings(effects)
+    name_of = dict(PRIMARY)
+    drift = {name: np.mean(values(numbers, "tepo-nomask", "kl_step_median")) if numbers.get("tepo-nomask") else np.nan
+             for name, _, _, numbers in doses}
+    if findings:
+        first = next(d for d, *_ in doses if any(f[0] == d for f in findings))
+        what = "; ".join(f"{name_of[k]} {effects[(first, k)][3]} with the mask" for d, k in sorted(findings) if d == first)
+        text = (f"**The mask changes something from {first} on** (tepo-nomask's median acting kl_old there "
+                f"{drift[first]:.1e} per token): {what}. Findings at: "
+                + ", ".join(f"{d} {name_of[k]} ({effects[(d, k)][3]})" for d, k in sorted(findings)) + ".")
+    else:
+        text = (f"**No finding: the mask changes none of the three measures at any dose**, up to the drift "
+                f"{doses[-1][0]} reached (tepo-nomask's median acting kl_old {drift[doses[-1][0]]:.1e} per token).")
+    if leads:
+        text += " Leads (one interval alone, not a finding): " + ", ".join(
+            f"{d} {name_of[k]} ({effects[(d, k)][3]})" for d, k in sorted(leads)) + "."
+    return text
+
+
+def premise_lines(doses):
+    """The dose premise and the budget premise, with their tables."""
+    L = ["### The doses as they came out", "",
+         "Per dose and variant, mean over seeds [bootstrap 95% CI]: the median over RL steps of the step's "
+         "kl_old where the mask can act (its acting optimizer steps), the largest such step, and the run's "
+         "largest p99.9 and max |log r|.", "",
+         "| dose | lr, mini-batches | variant | seeds | median acting kl_old | largest one-step kl_old | "
+         "largest p99.9 \\|log r\\| | largest \\|log r\\| |", "|---|---|---|---|---|---|---|---|"]
+    for name, _, settings, numbers in doses:
+        lr, nmb = dose_setting(settings)
+        for v in VARIANTS:
+            if v in numbers:
+                L.append(f"| {name} | {lr:g}, {nmb} | {v} | {len(numbers[v])} | "
+                         f"{mean_ci(values(numbers, v, 'kl_step_median'), sci=True)} | "
+                         f"{mean_ci(values(numbers, v, 'kl_step_max'), sci=True)} | "
+                         f"{mean_ci(values(numbers, v, 'log_ratio_p999'))} | {mean_ci(values(numbers, v, 'log_ratio_max'))} |")
+    lo = np.mean(values(doses[0][3], "tepo-nomask", "kl_step_median")) if doses[0][3].get("tepo-nomask") else np.nan
+    hi = np.mean(values(doses[-1][3], "tepo-nomask", "kl_step_median")) if doses[-1][3].get("tepo-nomask") else np.nan
+    span = hi / lo if lo > 0 else np.nan
+    holds = "holds" if span >= DOSE_SPAN else "does not hold" if np.isfinite(span) else "cannot be read yet"
+    L += ["", f"**The dose premise {holds}**: tepo-nomask's median acting kl_old is {hi:.2e} at "
+              f"{doses[-1][0]} and {lo:.2e} at {doses[0][0]}, {span:,.0f} times (at least {DOSE_SPAN} asked).", "",
+          "### The budgets", "",
+          "Per dose and variant, mean over seeds (per-seed range in brackets), per RL step: optimizer steps "
+          "(`actor/optimizer_steps`), samples drawn (`rollout/samples_drawn`: dynamic sampling draws again "
+          "when fewer than 8 groups have spread), groups with reward spread (`rollout/groups_spread`, "
+          "the groups trained) and tokens in the loss (`actor/trained_tokens`).", "",
+          "| dose | variant | optimizer steps | samples drawn | groups with spread | tokens in the loss |",
+          "|---|---|---|---|---|---|"]
+    bad = []
+    for name, _, settings, numbers in doses:
+        nmb = dose_setting(settings)[1]
+        for v in VARIANTS:
+            if v not in numbers:
+                continue
+            opt = values(numbers, v, "opt_per_step")
+            if abs(np.mean(opt) - nmb) > OPT_TOLERANCE * nmb:
+                bad.append(f"{name} {v} ({np.mean(opt):.2f} of {nmb})")
+            L.append(f"| {name} | {v} | {study.spread(opt)} | {study.spread(values(numbers, v, 'samples_per_step'), ',.0f')} | "
+                     f"{study.spread(values(numbers, v, 'groups_per_step'))} | "
+                     f"{study.spread(values(numbers, v, 'tokens_per_step'), ',.0f')} |")
+    L += ["", "**The equal-optimizer-steps premise " + (
+        f"holds**: every variant's optimizer steps per RL step are within {OPT_TOLERANCE:.0%} of its dose's "
+        "num_minibatches." if not bad else f"does not hold** for: {', '.join(bad)}."), ""]
+    return L
+
+
+def mask_lines(doses, effects):
+    """Where the mask acts, its effect per dose, and the answer."""
+    L = ["### The mask where it can act", "",
+         "TEPO's runs, mean over seeds [bootstrap 95% CI]: the share of trained tokens in the mask, and "
+         "the mask's share of the per-token gradient weight (`actor/grad_w_kl_mask` over it plus "
+         "`actor/grad_w_policy`), both over the acting optimizer steps.", "",
+         "| dose | coverage | gradient share |", "|---|---|---|"]
+    for name, _, _, numbers in doses:
+        if "tepo" in numbers:
+            L.append(f"| {name} | {mean_ci(values(numbers, 'tepo', 'kl_mask_acting'))} | "
+                     f"{mean_ci(values(numbers, 'tepo', 'mask_grad_share'), sci=True)} |")
+    L += ["", "### The mask's effect: TEPO minus TEPO without its mask", "",
+          "Paired by seed: the bootstrap 95% CI and Student's t 95% interval of the mean per-seed "
+          "difference. *Off 0*: the t interval lies wholly above (higher with the mask) or below (lower).", "",
+          "| dose | measure | seeds | estimate [bootstrap 95% CI] | t interval | off 0 | per seed (TEPO; without) |",
+          "|---|---|---|---|---|---|---|"]
+    for name, _, _, numbers in doses:
+        for key, what in PRIMARY:
+            seeds, boot, t, s = effects[(name, key)]
+            per_seed = "; ".join(f"s{sd}: {numbers['tepo'][sd][key]:.4g}, {numbers['tepo-nomask'][sd][key]:.4g}"
+                                 for sd in seeds)
+            L.append(f"| {name} | {what} | {len(seeds)} | {study.fmt(*boot, digits=4)} | "
+                     f"{study.fmt(*t, digits=4)} | {s or 'no'} | {per_seed or '–'} |")
+    return L + ["", answer(doses, effects), ""]
+
+
+def variant_lines(doses):
+    L = ["### Per dose and variant: entropy, accuracy, speed to 0.8", "",
+         "Mean over seeds [bootstrap 95% CI]; steps to 0.8: the 10-step trailing training-batch accuracy "
+         "(a run that never reaches it counts as its length).", "",
+         "| dose | variant | final entropy | pass@1 | pass@4 | pass@32 | steps to 0.8 |",
+         "|---|---|---|---|---|---|---|"]
+    for name, _, _, numbers in doses:
+        for v in VARIANTS:
+            if v in numbers:
+                L.append(f"| {name} | {v} | {mean_ci(values(numbers, v, 'entropy_final'), 4)} | "
+                         + " | ".join(mean_ci(values(numbers, v, k)) for k in ("pass@1", "pass@4", "pass@32"))
+                         + f" | {mean_ci(values(numbers, v, 'steps_to_thr'), 1)} |")
+    L += ["", "### The paper's claims, per dose", "",
+          "By the rules of the studies above: *supported* if the bootstrap 95% CI lies on the claimed side "
+          "of the null (0 for a difference, 1 for a ratio), *refuted* if on the other, else *not separable "
+          "at this scale*; the t check (the mean per-seed difference, null 0) beside it.", "",
+          "| dose | claim | effect | claimed | estimate [95% CI] | verdict | t check |", "|---|---|---|---|---|---|---|"]
+    for name, _, _, numbers in doses:
+        for cid, what, a, b, key, kind, where in CLAIMS:
+            seeds = shared_seeds(numbers, a, b)
+            if not seeds:
+                continue
+            x, y = values(numbers, a, key, seeds), values(numbers, b, key, seeds)
+            est, lo, hi = study.paired_effect(x, y, kind)
+            null = 1.0 if kind == "ratio" else 0.0
+            t = study.t_interval(x, y)
+            tv = study.verdict(t[1], t[2], 0.0, where)
+            L.append(f"| {name} | {cid} | {what} | {'<' if where == 'below' else '>'} {null:g} | "
+                     f"{study.fmt(est, lo, hi)} | **{study.verdict(lo, hi, null, where)}** | "
+                     f"{study.fmt(*t)}, {tv} |")
+    return L + [""]
+
+
+def cost_line(doses):
+    cpu = wall = 0.0
+    for i, (_, path, _, numbers) in enumerate(doses):
+        runs = {v: list(seeds) for v, seeds in numbers.items()}
+        c, w = study.cpu_totals(path, runs)
+        if i:  # the base is shared: counted with the first dose only
+            base = os.path.join(path, "base", "DONE")
+            if os.path.exists(base):
+                with open(base) as f:
+                    b = json.load(f)
+                c, w = c - b["cpu_s"], w - b["wall_s"]
+        cpu, wall = cpu + c, wall + w
+    n = sum(len(s) for _, _, _, numbers in doses for s in numbers.values())
+    return (f"Total CPU time: {cpu / 3600:.2f} CPU-hours in {wall / 3600:.2f} h of wall time, measured (user + "
+            f"system seconds of every launch and its children), over {n} finished runs and the base model.")
+
+
+def report_lines(doses):
+    effects = mask_effects(doses)
+    counts = ", ".join(f"{name}: " + ", ".join(f"{v} {len(numbers[v])}" for v in VARIANTS if v in numbers)
+                       for name, _, _, numbers in doses)
+    L = [f"Generated by `bench/mask_study.py report` on {datetime.date.today()} from the finished runs "
+         f"(seeds per variant, {counts}); machine: {study.machine()}.", "",
+         f"Reproduce: the runs as above, then `python bench/mask_study.py report --doses "
+         f"{' '.join(os.path.relpath(p, ROOT) for _, p, _, _ in doses)}`.", "", cost_line(doses), ""]
+    return L + premise_lines(doses) + mask_lines(doses, effects) + variant_lines(doses)
+
+
+def cmd_report(args):
+    study.check_doc(args.doc, TASK)
+    doses = load_doses(args.doses)
+    if not any(numbers for *_, numbers in doses):
+        sys.exit("no finished runs in " + ", ".join(args.doses))
+    lines = report_lines(doses)
+    study.write_generated(args.doc, lines, TASK)
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("report", help="the tables and the answer from the finished runs of every dose")
+    p.add_argument("--doses", nargs="+", required=True, help="the doses' bench/study.py OUT directories, "
+                   "smallest drift first")
+    p.add_argument("--doc", default=os.path.join(ROOT, "docs", "RESULTS.md"),
+                   help="rewritten between its `generated mask` markers")
+    args = ap.parse_args(argv)
+    cmd_report(args)
+
+
+if __name__ == "__main__":
+    main()
