@@ -310,6 +310,7 @@ def rollout_metrics(run, *, groups, drawn, seconds):
                      "samples": len(samples), "tokens": sum(lens),
                      "truncated": sum(s.finish_reason == "length" for s, _, _ in samples),
                      "groups": len(groups), "drawn": len(drawn),
+                     "neg_logp": -sum(sum(s.logprobs) for s, _, _ in samples),
                      "spread": sum(len(set(g.rewards)) > 1 for g in groups)})
     longest = all_ranks({"len": max(lens, default=0)}, "max")["len"]
     n = max(tot["samples"], 1)
@@ -320,7 +321,11 @@ def rollout_metrics(run, *, groups, drawn, seconds):
                "timing/rollout_tokens_per_s": tot["tokens"] / max(seconds["rollout"], 1e-9),
                # the step's budget (a study compares variants at equal budgets): every sample drawn
                # (dynamic sampling's extra draws too), and the groups kept whose rewards differ (A != 0)
-               "rollout/samples_drawn": tot["samples"], "rollout/groups_spread": tot["spread"]}
+               "rollout/samples_drawn": tot["samples"], "rollout/groups_spread": tot["spread"],
+               # -log pi_sampler of the sampled tokens, per token over every sample drawn: the
+               # sampling policy's entropy in expectation, over all prompts drawn (actor/entropy
+               # covers the groups kept, which dynamic sampling chooses)
+               "rollout/entropy_sampled": tot["neg_logp"] / max(tot["tokens"], 1)}
     if run.cfg.dynamic_sampling:
         metrics["reward/groups_kept"] = tot["groups"] / max(tot["drawn"], 1)
     return metrics
@@ -501,8 +506,9 @@ def update_policy(run, *, minibatches, step):
             if k == 0:
                 keep_as_old(mb, batch, logp, ent)
             loss, metrics = micro_batch_loss(cfg, batch, logp, ent, counts=n, keys=keys)
-            if k == 0 and cfg.loss_cfg.kl_mask_target == "old":  # pi = pi_old: the mask's weight is 0
-                # by construction, so its share is read over the later mini-batches, where it can act
+            if not any(st.taken for st in steps) and cfg.loss_cfg.kl_mask_target == "old":
+                # no optimizer step yet, so pi = pi_old: the mask's weight is 0 by construction, and
+                # its share is read over the later mini-batches, where it can act
                 metrics = {key: v for key, v in metrics.items() if not key.startswith("actor/grad_w_")}
             loss.backward()
             loss_sum += loss.item()

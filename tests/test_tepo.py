@@ -308,7 +308,8 @@ def test_microbatches_sum_to_the_whole_batch(aggregation, ratio):
     assert total == pytest.approx(whole.item(), abs=1e-6)
     assert torch.allclose(logp2.grad, g_whole, atol=1e-6)
     for k in ("actor/clip_frac_low", "actor/clip_frac_high", "actor/kl_mask_frac", "actor/kl_old",
-              "actor/kl_ref", "loss/policy", "mismatch/is_weight", "mismatch/masked_frac"):
+              "actor/kl_ref", "loss/policy", "mismatch/is_weight", "mismatch/masked_frac",
+              "actor/grad_w_policy", "actor/grad_w_kl_mask"):
         assert float(sums[k]) == pytest.approx(float(m_whole[k]), abs=1e-6), k
 
 

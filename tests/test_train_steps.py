@@ -172,3 +172,39 @@ def test_held_out_grading_of_a_prompt_that_opens_thinking(one_rank):
                                           "answer": "7"}])
         assert reward.thinking_opened(prompt) == (want == 0.0)
         assert train.evaluate(run)["eval/accuracy"] == want, prompt
+
+
+def test_sampled_entropy_covers_every_group_drawn(one_rank):
+    """rollout/entropy_sampled: -log pi_sampler of the sampled tokens over every sample drawn,
+    dynamic sampling's dropped groups too (actor/entropy sees only the groups kept)."""
+    cfg = train.Config(model="m", train_data="d", dynamic_sampling=True)
+    run = SimpleNamespace(cfg=cfg, rank=0, world=1)
+    s = lambda lps: rollout.Sample([1], list(range(len(lps))), "x", lps, "stop")  # noqa: E731
+    kept = train.Group({}, [s([-0.5, -1.5]), s([-2.0])], [1.0, 0.0], [True, False])
+    dropped = train.Group({}, [s([-0.1, -0.1, -0.1]), s([-0.3])], [1.0, 1.0], [True, True])
+    m = train.rollout_metrics(run, groups=[kept], drawn=[kept, dropped], seconds={"rollout": 1.0, "reward": 0.0})
+    assert m["rollout/entropy_sampled"] == pytest.approx((0.5 + 1.5 + 2.0 + 0.3 + 0.3) / 7)
+    assert m["rollout/samples_drawn"] == 4 and m["rollout/groups_spread"] == 1
+
+
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_the_masks_share_is_read_where_it_can_act(train_here, monkeypatch, skip_first):
+    """actor/grad_w_* and actor/kl_mask_grad_share count only the optimizer steps after the RL
+    step's first taken one (pi != pi_old: the mask, reading pi_old, can act). Two mini-batches:
+    the second acts (a share in (0, 1)); with the first step skipped (not finite) the policy has not
+    moved at the second either, so nothing is logged (keyed on k == 0, its zero weight was
+    counted)."""
+    real_step, calls = train.clip_and_step, [0]
+
+    def step(run, loss_sum):
+        calls[0] += 1
+        return real_step(run, math.nan if skip_first and calls[0] == 1 else loss_sum)
+    monkeypatch.setattr(train, "clip_and_step", step)
+    out = train_here(f"share{skip_first}", reward_fn=alternating_reward(), steps=1, num_minibatches=2,
+                     lr=1e-2, method="tepo")
+    (row,) = read_metrics(out)
+    assert row["actor/optimizer_steps"] == 2
+    if skip_first:
+        assert not any(k.startswith("actor/grad_w_") or k == "actor/kl_mask_grad_share" for k in row), row
+    else:
+        assert 0 < row["actor/kl_mask_grad_share"] < 1 and row["actor/grad_w_policy"] > 0
