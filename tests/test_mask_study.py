@@ -22,7 +22,7 @@ def rows_of(*, kl, nmb, entropy, pass32, p999, grad_mask=0.0, opt=None, mask_fra
     rows = [{"step": 0, "eval/accuracy": 0.6, "eval/pass@1": 0.6, "eval/pass@4": 0.8, "eval/pass@32": 0.9}]
     for t in range(1, STEPS + 1):
         r = {"step": t, "actor/kl_old": kl * t, "actor/optimizer_steps": nmb if opt is None else opt,
-             "actor/entropy": entropy, "reward/accuracy": 0.5 + 0.1 * t, "actor/log_ratio_p999": p999,
+             "actor/entropy": entropy + 0.01, "rollout/entropy_sampled": entropy, "reward/accuracy": 0.5 + 0.1 * t, "actor/log_ratio_p999": p999,
              "actor/log_ratio_max": p999 + 1, "rollout/samples_drawn": 128, "rollout/groups_spread": 8,
              "actor/trained_tokens": 1000}
         if grad_mask:
@@ -134,7 +134,23 @@ def test_budget_premise_fails_where_a_variant_skips_optimizer_steps(doses, tmp_p
     doc = tmp_path / "R.md"
     doc.write_text("<!-- generated mask: begin -->\n<!-- generated mask: end -->\n")
     mask_study.main(["report", "--doses", *doses, "--doc", str(doc)])
-    assert "**The equal-optimizer-steps premise does not hold** for: D1 gspo (7.50 of 8)." in doc.read_text()
+    assert "**The equal-optimizer-steps premise does not hold** for: D1 gspo (7.50 of 8);" in doc.read_text()
+
+
+def test_budget_premise_reads_the_steps_that_kept_a_group(doses, tmp_path):
+    """An RL step whose draws kept no group trains nothing (0 optimizer steps): counted apart, not
+    against the premise, which reads the steps that kept a group."""
+    path = os.path.join(doses[1], "gspo-s0", "metrics.jsonl")
+    rows = [json.loads(line) for line in open(path)]
+    rows[2].update({"actor/optimizer_steps": 0, "rollout/groups_spread": 0})
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    doc = tmp_path / "R.md"
+    doc.write_text("<!-- generated mask: begin -->\n<!-- generated mask: end -->\n")
+    mask_study.main(["report", "--doses", *doses, "--doc", str(doc)])
+    text = doc.read_text()
+    assert "**The equal-optimizer-steps premise holds** for the runs finished" in text
+    assert "| D1 | gspo | 8.00 | 0.25 (0.00–1.00) |" in text
 
 
 def test_no_finding_is_said_as_such(tmp_path):
@@ -154,3 +170,17 @@ def test_no_finding_is_said_as_such(tmp_path):
     assert "**No finding: the mask changes none of the three measures at any dose**, up to the drift D1" in text
     assert "Leads" not in text
     assert "**The dose premise does not hold**" in text  # 10x, not 100x
+
+
+def test_finding_rule_by_cases():
+    """Two measures off 0 at one dose: both findings; one measure off 0 at two doses with opposite
+    signs: two leads; an interval that touches 0 is not off it."""
+    e = lambda s: ([0, 1, 2], (0, 0, 0), (0, 0, 0), s)  # noqa: E731
+    effects = {("D0", "entropy_sampled_final"): e("higher"), ("D0", "pass@32"): e("lower"),
+               ("D0", "log_ratio_p999"): e(None),
+               ("D1", "entropy_sampled_final"): e(None), ("D1", "pass@32"): e(None), ("D1", "log_ratio_p999"): e("lower"),
+               ("D2", "entropy_sampled_final"): e(None), ("D2", "pass@32"): e(None), ("D2", "log_ratio_p999"): e("higher")}
+    findings, leads = mask_study.mask_findings(effects)
+    assert findings == {("D0", "entropy_sampled_final"), ("D0", "pass@32")}
+    assert leads == {("D1", "log_ratio_p999"), ("D2", "log_ratio_p999")}
+    assert mask_study.side(0.0, 0.3) is None and mask_study.side(1e-9, 0.3) == "higher"
