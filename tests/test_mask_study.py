@@ -184,3 +184,14 @@ def test_finding_rule_by_cases():
     assert findings == {("D0", "entropy_sampled_final"), ("D0", "pass@32")}
     assert leads == {("D1", "log_ratio_p999"), ("D2", "log_ratio_p999")}
     assert mask_study.side(0.0, 0.3) is None and mask_study.side(1e-9, 0.3) == "higher"
+
+
+def test_a_dose_not_started_is_named_and_left_out(doses, tmp_path):
+    """While the study runs, a dose whose directory holds no study yet: named, no numbers."""
+    doc = tmp_path / "R.md"
+    doc.write_text("<!-- generated mask: begin -->\n<!-- generated mask: end -->\n")
+    mask_study.main(["report", "--doses", doses[0], str(tmp_path / "later"), "--doc", str(doc)])
+    text = doc.read_text()
+    assert "D0: tepo 4, tepo-nomask 4, gspo 4, grpo 4; D1: not started)" in text
+    assert "Not yet finished: D1 (not started)." in text and "**The dose premise cannot be read yet**" in text
+    assert not any(line.startswith("| D1 |") for line in text.splitlines())
