@@ -37,6 +37,7 @@ THRESHOLD = 0.8          # C1: steps to a 10-step trailing training accuracy of 
 DOSE_SPAN = 100          # the dose premise: drift at the last dose over the first
 OPT_TOLERANCE = 0.02     # the budget premise: optimizer steps per RL step within 2% of num_minibatches
 VARIANTS = ["tepo", "tepo-nomask", "gspo", "grpo"]
+SEEDS = 4                # seeds planned per variant and dose
 # The mask's effect (TEPO minus TEPO without its mask), the three primary measures: summary key, name
 PRIMARY = [("entropy_sampled_final", "final entropy"), ("pass@32", "final held-out pass@32"),
            ("log_ratio_p999", "run's largest p99.9 \\|log r\\|")]  # pipes escaped: table cells
@@ -185,6 +186,10 @@ def answer(doses, effects):
     _, _, span = dose_span(doses)
     head = (f"The doses span {span:,.0f} times the drift, not the {DOSE_SPAN} asked: the answer covers only the "
             "range reached. " if np.isfinite(span) and span < DOSE_SPAN else "")
+    fewest = min((len(effects[(d[0], PRIMARY[0][0])][0]) for d in doses), default=0)
+    if fewest < SEEDS:  # the rule is read as written, on the seeds there are: said first
+        head = (f"**Partial: as few as {fewest} of the {SEEDS} seeds planned at a dose**, so the t intervals are "
+                "wide and this reading is not the study's answer yet. ") + head
     drift = {name: np.mean(values(numbers, "tepo-nomask", "kl_step_median")) if numbers.get("tepo-nomask") else np.nan
              for name, _, _, numbers in doses}
     if findings:
