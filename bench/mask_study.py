@@ -12,7 +12,8 @@ directory holds DONE) and writes between the `<!-- generated mask: begin -->` an
     median acting kl_old at the last dose over the first is at least DOSE_SPAN;
   - the budgets per dose and variant, and the equal-optimizer-steps premise: every variant's mean
     optimizer steps per RL step within OPT_TOLERANCE of num_minibatches;
-  - the mask where it can act (coverage and gradient share);
+  - the mask where it can act (coverage and gradient share, with the share per seed and per step);
+  - the drift with and without the mask, paired by seed (added after the runs: descriptive, no finding);
   - the mask's effect per dose (TEPO minus TEPO without its mask on PRIMARY), by the rule of
     `mask_findings`, and the answer to the study's question;
   - the per-variant tables and the paper's claims per dose (bench/study.py's rules and statistics);
@@ -67,11 +68,24 @@ def mask_grad_share(per_step):
     return mask / (mask + pol) if mask + pol > 0 else np.nan
 
 
+def mask_step_shares(per_step):
+    """(median over RL steps of the step's mask share, the RL steps whose mask weight exceeds the
+    policy term's): the run's share above is a sum that a few steps can carry, where kl_old is large
+    or the policy term is clipped to 0. (nan, 0) where the mask is off."""
+    both = [(r["actor/grad_w_kl_mask"], r["actor/grad_w_policy"]) for r in per_step
+            if r.get("actor/grad_w_kl_mask") is not None and r.get("actor/grad_w_policy") is not None]
+    both = [(m, p) for m, p in both if np.isfinite(m) and np.isfinite(p) and m + p > 0]
+    if not both:
+        return np.nan, 0
+    return float(np.median([m / (m + p) for m, p in both])), sum(m > p for m, p in both)
+
+
 def run_numbers(rows, steps, cfg):
     """bench/study.py's run_summary, with the drift per step and the mask's gradient share."""
     out = study.run_summary(rows, steps, THRESHOLD, cfg)
     per_step = [r for r in rows if r.get("step", 0) > 0]
     kls = step_kls(per_step)
+    share_median, mask_major = mask_step_shares(per_step)
     n = len(per_step) or np.nan
     # the final entropy: -log pi_sampler of the sampled tokens over every sample drawn, last 10 steps
     # (actor/entropy, beside it, covers only the groups dynamic sampling kept)
@@ -84,6 +98,7 @@ def run_numbers(rows, steps, cfg):
                kl_step_median=float(np.median(kls)) if kls else np.nan,
                kl_step_max=max(kls) if kls else np.nan,
                mask_grad_share=mask_grad_share(per_step),
+               mask_share_step_median=share_median, mask_major_steps=mask_major,
                samples_per_step=out["samples_drawn"] / n, groups_per_step=out["groups_spread"] / n,
                tokens_per_step=out["trained_tokens"] / n)
     return out
@@ -269,12 +284,18 @@ def mask_lines(doses, effects):
     L = ["### The mask where it can act", "",
          "TEPO's runs, mean over seeds [bootstrap 95% CI]: the share of trained tokens in the mask, and "
          "the mask's share of the per-token gradient weight (`actor/grad_w_kl_mask` over it plus "
-         "`actor/grad_w_policy`), both over the acting optimizer steps.", "",
-         "| dose | coverage | gradient share |", "|---|---|---|"]
+         "`actor/grad_w_policy`), both over the acting optimizer steps. Per seed (added after the runs, "
+         "to read the share by: not a rule's measure): the run's share; the median over RL steps of the "
+         "step's share; the RL steps where the mask's weight exceeds the policy term's.", "",
+         "| dose | coverage | gradient share | per seed: run's share, median step's share, steps where the mask's "
+         "weight exceeds the policy's |", "|---|---|---|---|"]
     for name, _, _, numbers in doses:
         if "tepo" in numbers:
+            per_seed = "; ".join(f"s{sd}: {n['mask_grad_share']:.2e}, {n['mask_share_step_median']:.1e}, "
+                                 f"{n['mask_major_steps']}" for sd, n in sorted(numbers["tepo"].items()))
             L.append(f"| {name} | {mean_ci(values(numbers, 'tepo', 'kl_mask_acting'))} | "
-                     f"{mean_ci(values(numbers, 'tepo', 'mask_grad_share'), sci=True)} |")
+                     f"{mean_ci(values(numbers, 'tepo', 'mask_grad_share'), sci=True)} | {per_seed} |")
+    L += drift_lines(doses)
     L += ["", "### The mask's effect: TEPO minus TEPO without its mask", "",
           "Paired by seed: the bootstrap 95% CI and Student's t 95% interval of the mean per-seed "
           "difference. *Off 0*: the t interval lies wholly above (higher with the mask) or below (lower).", "",
@@ -290,6 +311,30 @@ def mask_lines(doses, effects):
             L.append(f"| {name} | {what} | {len(seeds)} | {study.fmt(*boot, digits=4)} | "
                      f"{study.fmt(*t, digits=4)} | {s or 'no'} | {per_seed or '–'} |")
     return L + ["", answer(doses, effects), ""]
+
+
+def drift_lines(doses):
+    """Does the mask hold down what it reads? TEPO's drift over TEPO without its mask, paired by
+    seed, as log10 ratios. Added after the runs were read: a description, not one of the rule's
+    measures, so it makes no finding."""
+    L = ["", "### The drift with and without the mask (added after the runs; not a rule's measure)", "",
+         "TEPO over TEPO without its mask, paired by seed, as the log10 of the ratio (below 0: less drift "
+         "with the mask): the bootstrap 95% CI and Student's t 95% interval of the mean per-seed log10 "
+         "ratio. Added once the runs were in, to see whether the mask holds down the kl_old it reads; it "
+         "is not one of the three measures of the rule and makes no finding.", "",
+         "| dose | drift | seeds | log10 ratio [bootstrap 95% CI] | t interval | per seed (TEPO; without) |",
+         "|---|---|---|---|---|---|"]
+    for name, _, _, numbers in doses:
+        seeds = shared_seeds(numbers, "tepo", "tepo-nomask")
+        for key, what in (("kl_step_median", "median acting kl_old"), ("kl_step_max", "largest one-step kl_old")):
+            x, y = values(numbers, "tepo", key, seeds), values(numbers, "tepo-nomask", key, seeds)
+            if not seeds or not all(v > 0 for v in x + y):
+                continue
+            lx, ly = np.log10(x), np.log10(y)
+            per_seed = "; ".join(f"s{sd}: {a:.2e}, {b:.2e}" for sd, a, b in zip(seeds, x, y))
+            L.append(f"| {name} | {what} | {len(seeds)} | {study.fmt(*study.paired_effect(lx, ly), digits=2)} | "
+                     f"{study.fmt(*study.t_interval(lx, ly), digits=2)} | {per_seed} |")
+    return L
 
 
 def variant_lines(doses):

@@ -91,6 +91,36 @@ def test_drift_per_step_and_gradient_share_by_hand():
     share = (0.01 * 4 + 0.03 * 2) / (0.01 * 4 + 0.03 * 2 + 1.0 * 4 + 0.5 * 2)
     assert mask_study.mask_grad_share(rows) == pytest.approx(share)
     assert math.isnan(mask_study.mask_grad_share([{"step": 1, "actor/optimizer_steps": 4}]))
+    # per RL step: the median of the steps' shares, and the steps where the mask outweighs the
+    # policy term (here one whose policy term was clipped to 0: share 1)
+    rows[2].update({"actor/grad_w_kl_mask": 0.2, "actor/grad_w_policy": 0.0})
+    median, major = mask_study.mask_step_shares(rows)
+    assert median == pytest.approx(0.03 / 0.53) and major == 1
+    assert np.isnan(mask_study.mask_step_shares([{"step": 1}])[0])
+
+
+def test_drift_with_and_without_the_mask_paired_by_seed(doses, tmp_path):
+    """The descriptive drift table: TEPO's kl_old a tenth of its pair's at D2 in every seed reads
+    as a log10 ratio of -1 there, and 0 where the two are alike."""
+    for seed in range(4):
+        path = os.path.join(doses[2], f"tepo-s{seed}", "metrics.jsonl")
+        rows = [json.loads(line) for line in open(path)]
+        for r in rows[1:]:
+            r["actor/kl_old"] *= 0.1
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    doc = tmp_path / "R.md"
+    doc.write_text("<!-- generated mask: begin -->\n<!-- generated mask: end -->\n")
+    mask_study.main(["report", "--doses", *doses, "--doc", str(doc)])
+    lines = doc.read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| D2 | median acting kl_old |"))
+    assert "| 4 | -1.00 [-1.00, -1.00] | -1.00 [-1.00, -1.00] |" in row, row
+    row = next(line for line in lines if line.startswith("| D1 | largest one-step kl_old |"))
+    assert "| 4 | 0.00 [0.00, 0.00] | 0.00 [0.00, 0.00] |" in row, row
+    # the mask table's per-seed cells: the run's share, the median step's, steps the mask outweighs
+    w = [3e-3 * t for t in range(1, STEPS + 1)]
+    cell = f"s0: {sum(w) / (sum(w) + STEPS):.2e}, {np.median([x / (x + 1) for x in w]):.1e}, 0"
+    assert any(line.startswith("| D2 | ") and cell in line for line in lines)
 
 
 def test_report_reads_a_finding_a_lead_and_both_premises(doses, tmp_path):
