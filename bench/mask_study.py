@@ -37,7 +37,9 @@ TASK = "mask"            # the generated markers' name
 THRESHOLD = 0.8          # C1: steps to a 10-step trailing training accuracy of 0.8 (the shortcut task's)
 DOSE_SPAN = 100          # the dose premise: drift at the last dose over the first
 OPT_TOLERANCE = 0.02     # the budget premise: optimizer steps per RL step within 2% of num_minibatches
-VARIANTS = ["tepo", "tepo-nomask", "gspo", "grpo"]
+# dapo-redraw (bench/study.py: DAPO drawing again like every variant here) was to be added if the
+# 48 runs of the other four cost under 6 CPU-hours (they cost 3.9): its rows appear where it ran.
+VARIANTS = ["tepo", "tepo-nomask", "gspo", "grpo", "dapo-redraw"]
 SEEDS = 4                # seeds planned per variant and dose
 # The mask's effect (TEPO minus TEPO without its mask), the three primary measures: summary key, name
 PRIMARY = [("entropy_sampled_final", "final entropy"), ("pass@32", "final held-out pass@32"),
@@ -46,7 +48,11 @@ PRIMARY = [("entropy_sampled_final", "final entropy"), ("pass@32", "final held-o
 CLAIMS = [("C1", "steps to 0.8, TEPO / GRPO", "tepo", "grpo", "steps_to_thr", "ratio", "below"),
           ("C2", "final entropy, TEPO - GRPO", "tepo", "grpo", "entropy_sampled_final", "diff", "above"),
           ("C2", "final pass@32, TEPO - GRPO", "tepo", "grpo", "pass@32", "diff", "above"),
-          ("C3", "run's largest p99.9 \\|log r\\|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below")]
+          ("C3", "run's largest p99.9 \\|log r\\|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below"),
+          # against DAPO, as in the studies above (where dapo-redraw ran)
+          ("C1", "steps to 0.8, TEPO / DAPO", "tepo", "dapo-redraw", "steps_to_thr", "ratio", "below"),
+          ("C2", "final entropy, TEPO - DAPO", "tepo", "dapo-redraw", "entropy_sampled_final", "diff", "above"),
+          ("C2", "final pass@32, TEPO - DAPO", "tepo", "dapo-redraw", "pass@32", "diff", "above")]
 
 
 def step_kls(per_step):

@@ -83,7 +83,12 @@ VARIANTS = {  # name -> train.py overrides
     # silent default in its GRPO examples).
     "clipcov": ["method=clipcov"], "klcov": ["method=klcov"],
     "grpo-ent": ["method=grpo", "loss.entropy_coef=0.001"],
+    # DAPO drawing again as its paper does (up to max_sampling_tries, the config's 3 unless --set),
+    # for a study that gives every variant dynamic sampling (the mask study): there every variant
+    # draws alike. Not run unless named (--variants): the loss studies above ran `dapo`.
+    "dapo-redraw": ["method=dapo"],
 }
+OPT_IN = {"dapo-redraw"}  # variants `run` makes only when --variants names them
 CONFIG = os.path.join(ROOT, "configs", "study.yaml")
 # --smoke: what CI can afford; the defaults of `run` are the study's.
 SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=4, base_eval=16,
@@ -895,7 +900,8 @@ def main(argv=None):
                    help="chain: the loss study's task; shortcut: the entropy study's (demo.py prepare --task)")
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     r.add_argument("--steps", type=int, default=150)
-    r.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    r.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if v not in OPT_IN],
+                   choices=list(VARIANTS))
     r.add_argument("--nproc", type=int, default=2,
                    help="processes per run (torchrun; 1: plain python train.py)")
     r.add_argument("--config", default=CONFIG)

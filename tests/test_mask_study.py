@@ -68,6 +68,7 @@ def dose_runs(d, nmb, kl):
                                        )
         runs[("grpo", seed)] = rows_of(kl=kl, entropy=0.018, **base)
         runs[("gspo", seed)] = rows_of(kl=kl, entropy=0.019, **base)
+        runs[("dapo-redraw", seed)] = rows_of(kl=kl, entropy=0.017 + 0.001 * seed, **base)
     return runs
 
 
@@ -150,8 +151,12 @@ def test_report_reads_a_finding_a_lead_and_both_premises(doses, tmp_path):
     share = sum(w) / (sum(w) + STEPS)
     cover = 0.4 * 8 / 7  # the logged share is a mean over all 8 optimizer steps; 7 of them act
     assert f"| D2 | {cover:.3f} [{cover:.3f}, {cover:.3f}] | {share:.2e} [{share:.2e}, {share:.2e}] |" in text
-    # the claims per dose, C1 to C3
-    assert sum(line.startswith("| D0 | C") for line in text.splitlines()) == 4
+    # the claims per dose, C1 to C3, and C1 and C2 against DAPO (drawing again like the others)
+    assert sum(line.startswith("| D0 | C") for line in text.splitlines()) == 7
+    row = next(line for line in text.splitlines() if line.startswith("| D2 | C2 | final entropy, TEPO - DAPO |"))
+    gain = 0.02 + ENT_GAIN[2] + np.mean(NOISE) - 0.017  # TEPO's final entropy minus DAPO's, mean over seeds
+    assert f"| {gain:.3f} [" in row and "**supported**" in row, row
+    assert "| D1 | dapo-redraw | 8.00 |" in text and "Not yet finished" not in text
 
 
 def test_budget_premise_fails_where_a_variant_skips_optimizer_steps(doses, tmp_path):
@@ -223,6 +228,6 @@ def test_a_dose_not_started_is_named_and_left_out(doses, tmp_path):
     doc.write_text("<!-- generated mask: begin -->\n<!-- generated mask: end -->\n")
     mask_study.main(["report", "--doses", doses[0], str(tmp_path / "later"), "--doc", str(doc)])
     text = doc.read_text()
-    assert "D0: tepo 4, tepo-nomask 4, gspo 4, grpo 4; D1: not started)" in text
+    assert "D0: tepo 4, tepo-nomask 4, gspo 4, grpo 4, dapo-redraw 4; D1: not started)" in text
     assert "Not yet finished: D1 (not started)." in text and "**The dose premise cannot be read yet**" in text
     assert not any(line.startswith("| D1 |") for line in text.splitlines())
