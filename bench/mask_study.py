@@ -16,7 +16,8 @@ directory holds DONE) and writes between the `<!-- generated mask: begin -->` an
   - the drift with and without the mask, paired by seed (added after the runs: descriptive, no finding);
   - the mask's effect per dose (TEPO minus TEPO without its mask on PRIMARY), by the rule of
     `mask_findings`, and the answer to the study's question;
-  - the per-variant tables and the paper's claims per dose (bench/study.py's rules and statistics);
+  - the per-variant tables and the paper's claims per dose (bench/study.py's rules and statistics),
+    with dapo-redraw where it ran (added after the 48 runs by the setting's cost rule, and labelled so);
   - the CPU time (the base counted once: the dose directories share it).
 "Acting": the optimizer steps after the first of their RL step, the only ones where pi != pi_old
 (bench/study.py acting_mean).
@@ -49,18 +50,20 @@ CLAIMS = [("C1", "steps to 0.8, TEPO / GRPO", "tepo", "grpo", "steps_to_thr", "r
           ("C2", "final entropy, TEPO - GRPO", "tepo", "grpo", "entropy_sampled_final", "diff", "above"),
           ("C2", "final pass@32, TEPO - GRPO", "tepo", "grpo", "pass@32", "diff", "above"),
           ("C3", "run's largest p99.9 \\|log r\\|, TEPO - GSPO", "tepo", "gspo", "log_ratio_p999", "diff", "below"),
-          # against DAPO, as in the studies above (where dapo-redraw ran)
-          ("C1", "steps to 0.8, TEPO / DAPO", "tepo", "dapo-redraw", "steps_to_thr", "ratio", "below"),
-          ("C2", "final entropy, TEPO - DAPO", "tepo", "dapo-redraw", "entropy_sampled_final", "diff", "above"),
-          ("C2", "final pass@32, TEPO - DAPO", "tepo", "dapo-redraw", "pass@32", "diff", "above")]
+          # against DAPO drawing again (dapo-redraw), as in the studies above, where it ran
+          ("C1", "steps to 0.8, TEPO / DAPO (redraw; added after the 48)", "tepo", "dapo-redraw", "steps_to_thr", "ratio", "below"),
+          ("C2", "final entropy, TEPO - DAPO (redraw; added after the 48)", "tepo", "dapo-redraw", "entropy_sampled_final", "diff", "above"),
+          ("C2", "final pass@32, TEPO - DAPO (redraw; added after the 48)", "tepo", "dapo-redraw", "pass@32", "diff", "above")]
+PREREGISTERED = VARIANTS[:4]  # the variants the rules were written for
 
 
 def step_kls(per_step):
     """Each RL step's kl_old over its acting optimizer steps: the logged kl_old is the mean over
     its n optimizer steps, the first of which is 0 by construction, so n / (n - 1) times it.
     -> [float], the steps with at least two optimizer steps"""
-    return [r["actor/kl_old"] * r["actor/optimizer_steps"] / (r["actor/optimizer_steps"] - 1)
-            for r in per_step if (r.get("actor/optimizer_steps") or 0) >= 2 and r.get("actor/kl_old") is not None]
+    kls = [r["actor/kl_old"] * r["actor/optimizer_steps"] / (r["actor/optimizer_steps"] - 1)
+           for r in per_step if (r.get("actor/optimizer_steps") or 0) >= 2 and r.get("actor/kl_old") is not None]
+    return [k for k in kls if np.isfinite(k)]  # a non-finite step (skipped as such): left out
 
 
 def mask_grad_share(per_step):
@@ -76,14 +79,15 @@ def mask_grad_share(per_step):
 
 def mask_step_shares(per_step):
     """(median over RL steps of the step's mask share, the RL steps whose mask weight exceeds the
-    policy term's): the run's share above is a sum that a few steps can carry, where kl_old is large
-    or the policy term is clipped to 0. (nan, 0) where the mask is off."""
+    policy term's, the RL steps that logged both weights): the run's share above is a sum that a few
+    steps can carry, where kl_old is large or the policy term is clipped to 0. Only steps with an
+    acting optimizer step log the weights. (nan, nan, 0) where none did (the mask off)."""
     both = [(r["actor/grad_w_kl_mask"], r["actor/grad_w_policy"]) for r in per_step
             if r.get("actor/grad_w_kl_mask") is not None and r.get("actor/grad_w_policy") is not None]
     both = [(m, p) for m, p in both if np.isfinite(m) and np.isfinite(p) and m + p > 0]
     if not both:
-        return np.nan, 0
-    return float(np.median([m / (m + p) for m, p in both])), sum(m > p for m, p in both)
+        return np.nan, np.nan, 0
+    return float(np.median([m / (m + p) for m, p in both])), sum(m > p for m, p in both), len(both)
 
 
 def run_numbers(rows, steps, cfg):
@@ -91,7 +95,7 @@ def run_numbers(rows, steps, cfg):
     out = study.run_summary(rows, steps, THRESHOLD, cfg)
     per_step = [r for r in rows if r.get("step", 0) > 0]
     kls = step_kls(per_step)
-    share_median, mask_major = mask_step_shares(per_step)
+    share_median, mask_major, share_steps = mask_step_shares(per_step)
     n = len(per_step) or np.nan
     # the final entropy: -log pi_sampler of the sampled tokens over every sample drawn, last 10 steps
     # (actor/entropy, beside it, covers only the groups dynamic sampling kept)
@@ -104,7 +108,7 @@ def run_numbers(rows, steps, cfg):
                kl_step_median=float(np.median(kls)) if kls else np.nan,
                kl_step_max=max(kls) if kls else np.nan,
                mask_grad_share=mask_grad_share(per_step),
-               mask_share_step_median=share_median, mask_major_steps=mask_major,
+               mask_share_step_median=share_median, mask_major_steps=mask_major, mask_share_steps=share_steps,
                samples_per_step=out["samples_drawn"] / n, groups_per_step=out["groups_spread"] / n,
                tokens_per_step=out["trained_tokens"] / n)
     return out
@@ -259,7 +263,7 @@ def premise_lines(doses):
           "the groups trained) and tokens in the loss (`actor/trained_tokens`).", "",
           "| dose | variant | optimizer steps (RL steps that kept a group) | RL steps that kept none | samples drawn | "
           "groups with spread | tokens in the loss |", "|---|---|---|---|---|---|---|"]
-    bad, missing = [], []
+    bad, bad_later, missing = [], [], []
     for name, _, settings, numbers in doses:
         if settings is None:
             missing.append(f"{name} (not started)")
@@ -271,7 +275,7 @@ def premise_lines(doses):
                 continue
             opt = values(numbers, v, "opt_per_kept_step")
             if not abs(np.mean(opt) - nmb) <= OPT_TOLERANCE * nmb + 1e-9:  # NaN fails too
-                bad.append(f"{name} {v} ({np.mean(opt):.2f} of {nmb})")
+                (bad if v in PREREGISTERED else bad_later).append(f"{name} {v} ({np.mean(opt):.2f} of {nmb})")
             L.append(f"| {name} | {v} | {study.spread(opt)} | {study.spread(values(numbers, v, 'steps_without_group'), '.2f')} | "
                      f"{study.spread(values(numbers, v, 'samples_per_step'), ',.0f')} | "
                      f"{study.spread(values(numbers, v, 'groups_per_step'))} | "
@@ -282,6 +286,13 @@ def premise_lines(doses):
                f"within {OPT_TOLERANCE:.0%} of its dose's num_minibatches." + (
                    f" Not yet finished: {', '.join(missing)}." if missing else ""))
     L += ["", "**The equal-optimizer-steps premise " + verdict, ""]
+    if any(d[3].get("dapo-redraw") for d in doses):  # added after the 48: said apart, never flips the premise
+        L += ["dapo-redraw (DAPO drawing again, added after the 48 runs): " + (
+            f"off num_minibatches by more than {OPT_TOLERANCE:.0%} at {', '.join(bad_later)}; its comparisons are "
+            "not at equal optimizer steps." if bad_later else
+            f"within {OPT_TOLERANCE:.0%} of num_minibatches at every dose it ran.") + " It differs from TEPO in "
+            "more than the budget: clip 0.2 / 0.28 on the token ratio, token-mean, rewards +1 / -1 with an "
+            "overlong penalty, no KL to the reference.", ""]
     return L
 
 
@@ -292,13 +303,16 @@ def mask_lines(doses, effects):
          "the mask's share of the per-token gradient weight (`actor/grad_w_kl_mask` over it plus "
          "`actor/grad_w_policy`), both over the acting optimizer steps. Per seed (added after the runs, "
          "to read the share by: not a rule's measure): the run's share; the median over RL steps of the "
-         "step's share; the RL steps where the mask's weight exceeds the policy term's.", "",
+         "step's share; the RL steps where the mask's weight exceeds the policy term's, of those that "
+         "logged both (an RL step with an acting optimizer step).", "",
          "| dose | coverage | gradient share | per seed: run's share, median step's share, steps where the mask's "
          "weight exceeds the policy's |", "|---|---|---|---|"]
     for name, _, _, numbers in doses:
         if "tepo" in numbers:
-            per_seed = "; ".join(f"s{sd}: {n['mask_grad_share']:.2e}, {n['mask_share_step_median']:.1e}, "
-                                 f"{n['mask_major_steps']}" for sd, n in sorted(numbers["tepo"].items()))
+            per_seed = "; ".join(
+                f"s{sd}: {n['mask_grad_share']:.2e}, {n['mask_share_step_median']:.1e}, "
+                f"{n['mask_major_steps']} of {n['mask_share_steps']}" if n["mask_share_steps"] else f"s{sd}: – (not logged)"
+                for sd, n in sorted(numbers["tepo"].items()))
             L.append(f"| {name} | {mean_ci(values(numbers, 'tepo', 'kl_mask_acting'))} | "
                      f"{mean_ci(values(numbers, 'tepo', 'mask_grad_share'), sci=True)} | {per_seed} |")
     L += drift_lines(doses)
@@ -334,7 +348,11 @@ def drift_lines(doses):
         seeds = shared_seeds(numbers, "tepo", "tepo-nomask")
         for key, what in (("kl_step_median", "median acting kl_old"), ("kl_step_max", "largest one-step kl_old")):
             x, y = values(numbers, "tepo", key, seeds), values(numbers, "tepo-nomask", key, seeds)
-            if not seeds or not all(v > 0 for v in x + y):
+            if not seeds:
+                continue
+            if not all(np.isfinite(v) and v > 0 for v in x + y):  # no log of 0: said, not dropped
+                L.append(f"| {name} | {what} | {len(seeds)} | – | – | a seed's drift is 0 or not finite: "
+                         + "; ".join(f"s{sd}: {a:.2e}, {b:.2e}" for sd, a, b in zip(seeds, x, y)) + " |")
                 continue
             lx, ly = np.log10(x), np.log10(y)
             per_seed = "; ".join(f"s{sd}: {a:.2e}, {b:.2e}" for sd, a, b in zip(seeds, x, y))
@@ -360,7 +378,8 @@ def variant_lines(doses):
           "By the rules of the studies above: *supported* if the bootstrap 95% CI lies on the claimed side "
           "of the null (0 for a difference, 1 for a ratio), *refuted* if on the other, else *not separable "
           "at this scale*; the t check (the mean per-seed difference, null 0) beside it.", "",
-          "| dose | claim | effect | claimed | estimate [95% CI] | verdict | t check |", "|---|---|---|---|---|---|---|"]
+          "| dose | claim | effect | claimed | seeds | estimate [95% CI] | verdict | t check |",
+          "|---|---|---|---|---|---|---|---|"]
     for name, _, _, numbers in doses:
         for cid, what, a, b, key, kind, where in CLAIMS:
             seeds = shared_seeds(numbers, a, b)
@@ -370,10 +389,11 @@ def variant_lines(doses):
             est, lo, hi = study.paired_effect(x, y, kind)
             null = 1.0 if kind == "ratio" else 0.0
             t = study.t_interval(x, y)
-            tv = study.verdict(t[1], t[2], 0.0, where)
-            L.append(f"| {name} | {cid} | {what} | {'<' if where == 'below' else '>'} {null:g} | "
-                     f"{study.fmt(est, lo, hi)} | **{study.verdict(lo, hi, null, where)}** | "
-                     f"{study.fmt(*t)}, {tv} |")
+            one = len(seeds) < 2  # a bootstrap of one value has no width: no verdict from it
+            v = "no CI from one seed" if one else study.verdict(lo, hi, null, where)
+            tv = "no CI from one seed" if one else study.verdict(t[1], t[2], 0.0, where)
+            L.append(f"| {name} | {cid} | {what} | {'<' if where == 'below' else '>'} {null:g} | {len(seeds)} | "
+                     f"{study.fmt(est, lo, hi)} | **{v}** | {study.fmt(*t)}, {tv} |")
     return L + [""]
 
 

@@ -15,7 +15,8 @@ trains every (variant, seed) with train.py and configs/study.yaml into OUT/<vari
 with its own metrics.jsonl. Variants change only the loss (VARIANTS), so every one draws the same
 prompts and samples per RL step; the seed sets the data order and the sampling, so two variants
 with the same seed see the same prompts (the effects below are paired by seed). DAPO keeps its
-dynamic-sampling filter but draws no extra prompts (max_sampling_tries=1). The optimizer steps are
+dynamic-sampling filter but draws no extra prompts (max_sampling_tries=1); `dapo-redraw`, opt-in,
+is DAPO drawing again like the rest where a study gives every variant dynamic sampling. The optimizer steps are
 NOT equal: train.py skips a mini-batch with no trained token (every group in it all right or all
 wrong), which DAPO's filter leaves only in a step that keeps no group and GRPO's KL-to-reference
 term (it trains every response) never; so the report measures each variant's budget
@@ -83,9 +84,9 @@ VARIANTS = {  # name -> train.py overrides
     # silent default in its GRPO examples).
     "clipcov": ["method=clipcov"], "klcov": ["method=klcov"],
     "grpo-ent": ["method=grpo", "loss.entropy_coef=0.001"],
-    # DAPO drawing again as its paper does (up to max_sampling_tries, the config's 3 unless --set),
-    # for a study that gives every variant dynamic sampling (the mask study): there every variant
-    # draws alike. Not run unless named (--variants): the loss studies above ran `dapo`.
+    # DAPO drawing again (its paper draws until the batch is full; here at most max_sampling_tries,
+    # config.py's 3 unless --set), for a study that gives every variant dynamic sampling (the mask
+    # study): there every variant draws alike. Run only when named (--variants): the loss studies ran `dapo`.
     "dapo-redraw": ["method=dapo"],
 }
 OPT_IN = {"dapo-redraw"}  # variants `run` makes only when --variants names them

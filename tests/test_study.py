@@ -470,6 +470,27 @@ def test_a_run_is_one_process_or_torchrun_by_nproc():
         assert sets[6:] == ["eval_n=4", *study.VARIANTS["tepo-nomask"]] and cmd[-1] == "--resume"
 
 
+def test_dapo_redraw_keeps_the_studys_draws_and_is_run_only_when_named(monkeypatch):
+    """`dapo` pins one draw after the study's --set (the loss studies' equal samples); `dapo-redraw`
+    keeps the mask study's 3, with DAPO's dynamic sampling, and `run` makes it only when named."""
+    from config import load_config
+    sets = ["eval_max_problems=200", "dynamic_sampling=true", "max_sampling_tries=3", "lr=2e-4", "num_minibatches=8"]
+    settings = {"steps": 50, "set": sets, "config": "configs/study.yaml", "nproc": 1}
+    tries = {}
+    for v in ("dapo", "dapo-redraw"):
+        cmd = study.train_cmd("/o", v, 0, settings)
+        cfg = load_config(os.path.join(ROOT, "configs", "study.yaml"), [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
+        assert cfg.method == "dapo" and cfg.dynamic_sampling is True and cfg.num_minibatches == 8
+        tries[v] = cfg.max_sampling_tries
+    assert tries == {"dapo": 1, "dapo-redraw": 3}
+    seen = {}
+    monkeypatch.setattr(study, "cmd_run", lambda args: seen.update(variants=args.variants))
+    study.main(["run", "--out", "/nonexistent"])
+    assert "dapo-redraw" not in seen["variants"] and "dapo" in seen["variants"]
+    study.main(["run", "--out", "/nonexistent", "--variants", "dapo-redraw"])
+    assert seen["variants"] == ["dapo-redraw"]
+
+
 # The runner is under test, not the engine: transformers' generate starts in a fraction of vLLM's
 # time (vLLM's sampling is tested by tests/test_rollout.py and the two-rank runs).
 SMOKE_RUN = ("--smoke", "--set", "backend=hf")
