@@ -39,7 +39,7 @@ THRESHOLD = 0.8          # C1: steps to a 10-step trailing training accuracy of 
 DOSE_SPAN = 100          # the dose premise: drift at the last dose over the first
 OPT_TOLERANCE = 0.02     # the budget premise: optimizer steps per RL step within 2% of num_minibatches
 # dapo-redraw (bench/study.py: DAPO drawing again like every variant here) was to be added if the
-# 48 runs of the other four cost under 6 CPU-hours (they cost 3.9): its rows appear where it ran.
+# 48 runs of the other four cost under 6 CPU-hours (they cost 3.75): its rows appear where it ran.
 VARIANTS = ["tepo", "tepo-nomask", "gspo", "grpo", "dapo-redraw"]
 SEEDS = 4                # seeds planned per variant and dose
 # The mask's effect (TEPO minus TEPO without its mask), the three primary measures: summary key, name
@@ -350,12 +350,11 @@ def drift_lines(doses):
             x, y = values(numbers, "tepo", key, seeds), values(numbers, "tepo-nomask", key, seeds)
             if not seeds:
                 continue
+            per_seed = "; ".join(f"s{sd}: {a:.2e}, {b:.2e}" for sd, a, b in zip(seeds, x, y))
             if not all(np.isfinite(v) and v > 0 for v in x + y):  # no log of 0: said, not dropped
-                L.append(f"| {name} | {what} | {len(seeds)} | – | – | a seed's drift is 0 or not finite: "
-                         + "; ".join(f"s{sd}: {a:.2e}, {b:.2e}" for sd, a, b in zip(seeds, x, y)) + " |")
+                L.append(f"| {name} | {what} | {len(seeds)} | – | – | a seed's drift is 0 or not finite: {per_seed} |")
                 continue
             lx, ly = np.log10(x), np.log10(y)
-            per_seed = "; ".join(f"s{sd}: {a:.2e}, {b:.2e}" for sd, a, b in zip(seeds, x, y))
             L.append(f"| {name} | {what} | {len(seeds)} | {study.fmt(*study.paired_effect(lx, ly), digits=2)} | "
                      f"{study.fmt(*study.t_interval(lx, ly), digits=2)} | {per_seed} |")
     return L
