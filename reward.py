@@ -333,12 +333,14 @@ def _struct_equal(g, p, ctx):
         return gv is not None and pv is not None and len(gv) == len(pv) and all(map(eq, gv, pv))
     if gk == "seq" and pk == "seq":
         return g[1] == p[1] and len(g[2]) == len(p[2]) and all(map(eq, g[2], p[2]))
-    if gk == "seq" and pk == "list" and g[1] == "()":  # (3, 2) vs 3, 2
+    if gk == "seq" and pk == "list" and g[1] == "()" and not _one_name(p[1]):  # (3, 2) vs 3, 2
         return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
     bag = ("list", "set", "union")
-    if gk == "list" and pk == "seq" and p[1] == "()" and all(map(_assignment, g[1])):
+    if gk == "list" and pk == "seq" and p[1] == "()" and all(map(_assignment, g[1])) and not _one_name(g[1]):
         return len(g[1]) == len(p[2]) and all(map(eq, g[1], p[2]))  # x = 10, y = 4 is the tuple (10, 4)
-    if gk in bag and (pk in bag or pk == "seq" and p[1] in ("()", "[]")):
+    if gk in bag and pk == "seq" and any(x[0] != "seq" for x in p[2]):
+        return False  # `[1, 2]`, `(1, 2)`, `(1, 2, 3)`: an interval, a point or a tuple is one answer, not several
+    if gk in bag and (pk in bag or pk == "seq" and p[1] in ("()", "[]")):  # `[(1, 2), (3, 4)]`: a list of points
         return _match_unordered(g[1], p[-1], eq, repeats=pk == "list")  # `x < -2 or x > 3`: a union too
     if pk == "list" and gk not in ("list", "set"):  # the same answer twice: `\\boxed{1.5} or \\boxed{3/2}`
         return all(eq(g, x) for x in p[1])
@@ -349,6 +351,12 @@ def _assignment(x):
     """Is structure x an `x = value` item (so that a list of them is ordered like a tuple)?"""
     left = _split_eq(x[1])[0] if x[0] == "expr" else None
     return left is not None and bool(_SIMPLE_LHS.fullmatch(left))
+
+
+def _one_name(items):
+    """Do the items assign one name twice or more (`x = 0, x = 2`: two solutions, no tuple (0, 2))?"""
+    names = [_split_eq(x[1])[0] for x in items if x[0] == "expr" and _assignment(x)]
+    return len(names) > len(set(names))
 
 
 def _rounded_equal(g, p):
