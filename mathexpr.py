@@ -807,10 +807,29 @@ _PART_NAMED = re.compile(r"(?im)(?:^|[;:.,]|\b(?:for|in|and)\b)[ \t*]*(?:part\s*
                          r"|\((?:[a-h]|i{1,3}|iv|vi{0,3})\))(?![\w)])(?![ \t]*of\b)")
 # ... or the whole text between them (stripped of spacing, `$`, `,;:*`) is a part's label: "(a) $\\boxed{3}$ (b) $\\boxed{7}$"
 _PART_GAP = re.compile(r"(?i)(?:part\s*)?\((?:[a-h]|i{1,3}|iv|vi{0,3})\)")
-# a word that withdraws the box before it: such boxes are not joined as parts or indexed names
+# a word that withdraws a box: the text a part label leads into may not hold one
 _REJECTED = re.compile(r"(?i)\b(?:wrong|incorrect|invalid|extraneous|spurious|impossible|fail(?:s|ed)?|reject(?:s|ed)?"
                        r"|discard(?:s|ed)?|exclude[sd]?|rule[sd]?\s+out|not\s+(?:a\s+)?(?:valid|allowed|possible|solution"
                        r"|root|answer)|(?:does\s+not|doesn't|do\s+not|don't)\s+(?:work|satisfy|hold|check))\b")
+# The words that may stand between two boxes joined per part or per indexed name, with spacing, punctuation,
+# `$` and the labels (`x_2 =`, "for part (b)"): a list's joint. Anything else (a check, a withdrawal in any
+# words, a new computation, math) says something about the box before, and the boxes stay apart. A list of
+# what may stand, not of what may not: a word it lacks costs a join (a right answer missed), never a wrong
+# answer paid ("So $x_1 = \\boxed{3}$, but this isn't in the domain of $\\log(x-5)$. Hence $x_2 = \\boxed{7}$" is 7).
+_JOINT_WORDS = frozenset("and or also while then so hence thus therefore the other another second one root solution "
+                         "value is are we get find have obtain similarly likewise".split())
+_CLOSING_WORDS = _JOINT_WORDS | frozenset("these those both all solutions answers values roots final answer "
+                                           "respectively for in part".split())
+_GAP_NOISE = re.compile(r"\n[ \t]*(?:[-*•]|\d{1,2}[.)])(?=[ \t])|\$|\\[()\[\]]|\\\\|\\[,;: ]|\\q?quad(?![a-zA-Z])"
+                        r"|\\text\{\s*(?:and|or)\s*\}|[\s,;:.*]")
+_NAME_EQ = re.compile(r"[a-zA-Z](?:_\{?\w{1,3}\}?)?\s*=\s*$")
+_BREAK = re.compile(r"[.!?](?=\s)")  # a sentence ends (not the point of 3.5)
+_OR = re.compile(r"\bor\b|\\text\{\s*or\s*\}")
+# Two answers offered as alternatives ("$\\boxed{1, -2}$ or $\\boxed{1}$"): joined by HEDGE, not as a list.
+# "or" between single answers is a list's joint (`x = \\boxed{2}` or `x = \\boxed{3}`: the solutions 2
+# and 3); between answers of several items it is a hedge, which reward._judge takes as right only when
+# every alternative is (`\\boxed{1, 2}` or `\\boxed{2, 1}`).
+HEDGE = " \\lor "
 # an indexed name before a box's value, inside it or just before it: `\boxed{y_1 = ..}`, `y_2 = \boxed{..}`
 _INDEXED = re.compile(r"(?<![a-zA-Z\\])([a-zA-Z])_\{?(\w{1,3})\}?\s*=")
 _INDEXED_BEFORE = re.compile(_INDEXED.pattern + r"\s*$")
@@ -848,8 +867,10 @@ def _last_boxed(s, several=True):
     reward.grade decides), also boxes under 300 characters apart with a part named at the start of a
     clause between them ("\\boxed{3} for part (a) and \\boxed{7} for part (b)": _PART_NAMED, _PART_GAP)
     or giving one name with two indices (`\\boxed{y_1 = ..}` ... `\\boxed{y_2 = ..}`: _indexed_pair),
-    unless a word between them withdraws the first ("is extraneous", "fails": _REJECTED). None if
-    there is no box."""
+    where only a list's joint stands between them (_apart_as_parts). Boxes apart by "or" where one
+    holds several items are joined by HEDGE; words after joined boxes that are not a closing leave
+    the last box alone (_closing), and math after a box of several makes it a hedge. None if there
+    is no box."""
     boxes, match = [], None
     for m in reversed(list(_BOXED.finditer(s))):  # from the last: at most 20 boxes are joined
         j = m.end()
@@ -873,18 +894,75 @@ def _last_boxed(s, several=True):
     # a part label in the text before each box (after the box before it, within 300 characters)
     labelled = [bool(_PART.search(s, max(boxes[k - 1][1] if k else 0, b[0] - 300), b[0]))
                 for k, b in enumerate(boxes)] if len(boxes) > 1 and "\n" in s else [False] * len(boxes)
-    parts, start = [boxes[-1][2]], boxes[-1][0]
+    parts, joints, start = [boxes[-1][2]], [], boxes[-1][0]
     for k in range(len(boxes) - 2, -1, -1):
         b0, b1, content = boxes[k]
+        if b1 > start:
+            break
+        gap = s[b1:start]
         by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
-        near = b1 <= start and start - b1 < 300
-        if b1 > start or not (by_part or near and (_JOIN_GAP.fullmatch(s[b1:start]) or several and (
-                _PART_GAP.fullmatch(s[b1:start].strip(" \t\n$,;:*")) or _PART_NAMED.search(s, b1, start)
-                or _indexed_pair(s, boxes[k], boxes[k + 1])) and not _REJECTED.search(s, b1, start))):
+        near = start - b1 < 300
+        if not (near and _JOIN_GAP.fullmatch(gap) or (by_part or near and several)
+                and _apart_as_parts(s, boxes[k], boxes[k + 1], by_part)):
             break
         parts.append(content)
+        joints.append(_joint_of(gap, content, boxes[k + 1][2]))
         start = b0
-    return ", ".join(p.strip() for p in reversed(parts))
+    tail = s[boxes[-1][1]:]
+    if len(parts) > 1 and not _closing(tail):
+        return parts[0].strip()  # "$x = \\boxed{1}$ and $x = \\boxed{-2}$, but -2 fails": the last box alone
+    if len(parts) == 1 and re.search(r"\d|\$|\\\(", tail.split("\n\n", 1)[0][:300].lstrip(" .,;:$")) \
+            and _several_items(parts[0]) and not _closing(tail):
+        return parts[0].strip() + HEDGE + "\\text{...}"  # "$\\boxed{1, -2}$. But $x = 1$ fails.": not one answer
+    out = parts[0].strip()
+    for joint, content in zip(joints, parts[1:]):
+        out = content.strip() + joint + out
+    return out
+
+
+def _joint_of(gap, a, b):
+    """How two answers a and b apart by `gap` are joined: HEDGE when an "or" stands between them and
+    either holds several items, else ', ' (a list)."""
+    return HEDGE if _OR.search(gap) and (_several_items(a) or _several_items(b)) else ", "
+
+
+def _several_items(x):
+    """Is the answer x a list or set of two or more items?"""
+    try:
+        st = _structure(_clean(x)[0]) if len(x) < 2_000 else ("expr",)
+    except Exception:
+        return False
+    return st[0] in ("list", "set") and len(st[1]) > 1
+
+
+def _closing(tail):
+    """Does the paragraph after boxes joined as a list close it: punctuation, spacing, `$` and words of
+    _CLOSING_WORDS only ("These are the solutions.")? Anything else may withdraw one of them."""
+    para = _PART_GAP.sub(" ", tail.split("\n\n", 1)[0][:300])  # "... and $\\boxed{7}$ for part (b)."
+    return all(w.lower() in _CLOSING_WORDS for w in _GAP_NOISE.sub(" ", para).split())
+
+
+def _joint(gap):
+    """Is the text between two boxes, without its labels, a list's joint (_JOINT_WORDS, spacing, `$`)?"""
+    return all(w.lower() in _JOINT_WORDS for w in _GAP_NOISE.sub(" ", _NAME_EQ.sub("", gap.rstrip(" $"))).split())
+
+
+def _apart_as_parts(s, a, b, by_part):
+    """Are boxes a and b (start, end, content) answers to two parts or two indexed names: a part label
+    between them (at the start of a line when `by_part`, else at the start of a clause: _PART_NAMED,
+    _PART_GAP), with only a list's joint (_joint) before it and, after it, the lead-in of b that withdraws
+    nothing (and within one sentence unless the label starts a line); or one name with two indices
+    (_indexed_pair) and only a joint between them."""
+    lo, hi = a[1], b[0]
+    if _PART_GAP.fullmatch(s[lo:hi].strip(" \t\n$,;:*")):
+        return True
+    label = None
+    for label in (_PART if by_part else _PART_NAMED).finditer(s, lo, hi):
+        pass
+    if label is not None:
+        lead = s[label.end():hi]
+        return _joint(s[lo:label.start()]) and not _REJECTED.search(lead) and (by_part or not _BREAK.search(lead))
+    return _indexed_pair(s, a, b) and _joint(s[lo:hi])
 
 
 def _indexed_pair(s, a, b):
@@ -914,7 +992,11 @@ def _span_list(s):
     m = _SPAN_LIST.match(head) if head.count("$") >= 4 else None
     if m is None or len(s) > len(head) and m.end() == len(head):
         return None
-    return ", ".join(x.strip() for x in _math_spans(m.group()))
+    parts = m.group().replace("\\$", "").replace("$$", "$").split("$")  # text, span, joint, span, ..., text
+    out = parts[1].strip()
+    for k in range(2, len(parts) - 2, 2):
+        out += _joint_of(parts[k], parts[k - 1], parts[k + 1]) + parts[k + 1].strip()
+    return out
 
 
 _SENTENCE_BREAK = re.compile(r"[.!?]\s+(?=\S)")

@@ -69,14 +69,20 @@ joined by commas, `;`, "and" or "or", math spans so joined, `$2$ and $5$`, a set
 collection, compared as a set: in any order, each item by the rules of one answer, a repeated item
 counting once (`(1, 2), (2, 1), (1, 2)` = `(2, 1), (1, 2)`; not an item with `=`), unless the gold itself
 repeats one (`2, 2, 3`: then as many); a different number of distinct answers (a superset, a subset,
-one right and one wrong) is wrong. A tuple, point or interval is one ordered answer, never reordered,
-and so is a list of assignments against a tuple. Against a gold of several answers only (grade and
-verify read the gold first), boxes are also one list when a part is named at the start of a clause
-between them ("for part (a)", "; (b)") or when they give one name with two indices (`y_1 = ..`, `y_2 =
-..`), unless a word between them withdraws the first ("extraneous", "fails"); a sentence "The final
-answer is $...$" after the last box is the final answer when it states a plain number; against a gold
-bare list or set, `10,455` is the list 10, 455 (against a number, a tuple or an interval, the number
-10455). Where the rules cannot read an item, the second opinion is asked as for one answer: item by
+one right and one wrong) is wrong. A tuple, point or interval is one ordered answer, never reordered
+and never several answers (`[1, 2]` is not the solutions 1 and 2), and so is a list of assignments of
+several names against a tuple (`x = 10, y = 4`; not `x = 0, x = 2`). Against a gold of several answers
+only (grade and verify read the gold first), boxes are also one list when a part is named at the start
+of a clause between them ("for part (a)", "; (b)") or when they give one name with two indices (`y_1 =
+..`, `y_2 = ..`), and then only where the text between them is a list's joint (punctuation, the labels,
+and words of mathexpr._JOINT_WORDS: "and", "then", "the other root is"): a withdrawal in any words
+("but this isn't in the domain", "we get a contradiction") keeps them apart, and so do words after
+joined boxes that are not a closing ("These are the solutions."), or math after a box of several.
+Two answers of several items offered as alternatives (`\boxed{1, -2}` or `\boxed{1}`) are a hedge,
+right only where each of them is. A sentence "The final answer is $...$" after the last box is the
+final answer when it states a plain number; against a gold bare list or set, `10,455` is the list 10,
+455 (against a number, a tuple or an interval, the number 10455; `3,007` is always a number: a list
+item is never written `007`). bench/wrong_answers.py tries all this as an adversary would. Where the rules cannot read an item, the second opinion is asked as for one answer: item by
 item for two lists or sets of scalars (math-verify reads `\\max(2, 5), \\gcd(4, 6)` as no set of
 numbers), else about the two collections; within one SECOND_OPINION_TIMEOUT in all (past it, a timeout
 for guarded() to count).
@@ -111,7 +117,7 @@ from fractions import Fraction
 
 from mathexpr import FLOAT, Undecided, evaluate, mp_backend, nodes, parse, to_backend
 # the answer-string normalisation (cleaning and structure) lives in mathexpr.py beside the parser
-from mathexpr import _SIMPLE_LHS, _THOUSANDS, _clean, _key, _split_top, _structure
+from mathexpr import HEDGE, _SIMPLE_LHS, _THOUSANDS, _clean, _key, _several_items, _split_top, _structure
 # ... and so do the text rules that find an answer in a response (extract_answer chains them)
 from mathexpr import (_ANSWER_WORDS, _PROSE, _PROSE_ASCII, _answer_is, _from_prose, _hashes, _last_boxed,
                       _last_math, _prepare)
@@ -772,11 +778,29 @@ def _judge(gold, pred, rel_tol, second_opinion):
             return True  # the same text, maybe one in $...$ (a prose answer with math in it)
         g = _final_answer(gold)
         p = _final_answer(pred, several=_several(g))
-        if _equal(g, p, rel_tol):
-            return True
+        # a hedge between answers (`\boxed{1, -2}` or `\boxed{1}`: mathexpr.HEDGE) is right only if each is
+        alternatives = _alternatives(p)
+        verdicts = [_equal(g, a, rel_tol) for a in alternatives]
     except (Exception, _Timeout):
         return False
-    return second_opinion and _second_opinion(g, p, rel_tol)
+    return all(v or second_opinion and _second_opinion(g, a, rel_tol) for v, a in zip(verdicts, alternatives))
+
+
+def _alternatives(p):
+    """The answers a final answer p offers as alternatives: the parts apart by mathexpr.HEDGE (boxes apart
+    by "or" where one holds several items), or by "or" inside one where a part holds several items
+    (`1, -2 \text{ or } 1`; not the last joint of a list `1, 2, or 3`, nor solutions `a = 2, b = 3 or a =
+    3, b = 2`); else [p]. A hedge is right only where each of them is."""
+    out = []
+    for part in _split_top(p, HEDGE.strip()) if HEDGE.strip() in p else [p]:
+        split = _split_top(_OR_TEXT.sub(" or ", part), " or ") if " or" in part or "{or}" in part.replace(" ", "") else [part]
+        hedged = len(split) > 1 and not any(x.endswith(",") for x in split[:-1]) and any(map(_several_items, split)) \
+            and _solution_groups(part) == part
+        out += split if hedged else [part]
+    return out
+
+
+_OR_TEXT = re.compile(r"\\text\{\s*or\s*\}")
 
 
 def grade(response, gold, *, rel_tol=1e-4, second_opinion=True):

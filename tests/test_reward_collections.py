@@ -34,7 +34,8 @@ def test_every_class_has_right_and_wrong_rows():
     (r"For part (a): $\boxed{3}$. For part (b), the same steps give $\boxed{7}$.", "3, 7"),
     (r"(a) $\boxed{3}$, (b) $\boxed{7}$", "3, 7"),
     (r"$\boxed{y_1 = e^x}$, and the other one is $\boxed{y_2 = e^{-x}}$.", "y_1 = e^x, y_2 = e^{-x}"),
-    (r"so $x_1 = \boxed{2}$, and after checking, $x_2 = \boxed{5}$", "2, 5"),
+    (r"so $x_1 = \boxed{2}$, and then $x_2 = \boxed{5}$", "2, 5"),
+    (r"so $x_1 = \boxed{2}$, and after checking, $x_2 = \boxed{5}$", "5"),  # a check between them: no joint
     (r"First $x = \boxed{3}$, so the area is $\boxed{12}$.", "12"),  # no part, no index: the last box
     (r"$\boxed{x = 3}$, and hence $\boxed{y = 2}$.", "y = 2"),  # two names: not one list
     (r"$\boxed{y_1 = 3}$, hence $\boxed{y_1 = 4}$.", "y_1 = 4"),  # one name, one index: a correction
