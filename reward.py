@@ -96,7 +96,8 @@ veto, where either is an equation or prose, which math-verify misreads (it takes
 picks numbers out of sentences). It runs in a worker process of the calling thread
 (second_opinion.py), bounded by SECOND_OPINION_TIMEOUT of wall clock in any thread (a worker over
 it is killed and replaced), after at most SECOND_OPINION_START for a new worker's import; a timeout
-or an error is "no", and guarded() counts it as a failed grading call.
+or an error is "no", and guarded() counts it as a failed grading call. An answer over SECOND_OPINION_MAX
+characters or nested deeper than SECOND_OPINION_DEPTH is not shown to it (its time grows with both).
 
 Never hangs: every input is length-capped; mathexpr bounds the cost of each parse and evaluation
 (caps on tokens, nesting and the size of exact values; a value it cannot compute safely is
@@ -855,7 +856,11 @@ def _shaped(graded, format_reward, no_answer_penalty):
 # math-verify (sympy behind a LaTeX parser) and these rules make different mistakes: where the rules
 # find two final answers different, math-verify is asked too, and its "yes" counts. It runs in a
 # worker process of the calling thread (second_opinion.py), bounded in time.
-SECOND_OPINION_MAX = 1_000    # characters of a final answer shown to math-verify (longer: not asked)
+# math-verify's time grows with nesting and length, to seconds well inside its bounds (a \frac nested 60
+# deep: ~2.5 s of its CPU a call; 25 terms of \gcd: ~1 s), while every gold of the benchmark files nests
+# at most 4 deep: an answer beyond these is judged by the rules alone (bench/wrong_answers.py measures it)
+SECOND_OPINION_MAX = 300      # characters of a final answer shown to math-verify (longer: not asked)
+SECOND_OPINION_DEPTH = 4      # brackets and braces nested in it (deeper: not asked)
 _SECOND = threading.local()   # per thread: the failure of its last verdict (guarded reads it)
 
 
@@ -936,6 +941,8 @@ def _worth_asking(g, p):
         return False
     if _split_eq(g)[0] is not None or _split_eq(p)[0] is not None or _WORDS.search(g) or _WORDS.search(p):
         return False  # the rules' veto: an equation or prose (see above)
+    if _nesting(g) > SECOND_OPINION_DEPTH or _nesting(p) > SECOND_OPINION_DEPTH:
+        return False
     if _HUGE.search(g) or _HUGE.search(p):
         return False  # sympy would compute the huge number (in one C call: only a kill stops it)
     try:
@@ -949,6 +956,18 @@ _WORDS = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]{2,}")
 # a number sympy would compute to no end: a power in an exponent (9^{9^{9}}), a factorial of 3+
 # digits, an exponent of 5+ digits
 _HUGE = re.compile(r"\^\s*\{[^{}]*\^|\d{3,}\s*!|\^\s*\{?\s*\d{5,}")
+
+
+def _nesting(s):
+    """How deep brackets and braces nest in s (`\\frac{1}{\\sqrt{2}}`: 2)."""
+    depth = deepest = 0
+    for c in s:
+        if c in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "})]":
+            depth -= 1
+    return deepest
 
 
 def _readable(x):
