@@ -105,6 +105,7 @@ Never hangs: every input is length-capped; mathexpr bounds the cost of each pars
 sys.setprofile, which, unlike signal.alarm, works in any thread (trainer thread pools, vLLM or
 torchrun workers). A C call that the hook cannot interrupt is prevented by mathexpr's size bounds.
 """
+import collections
 import functools
 import operator
 import os
@@ -253,7 +254,9 @@ def _match_unordered(gs, ps, eq, repeats=False):
         return _covers(gs, ps, eq)
     if len(gs) != len(ps):
         return False
-    left = [(_fingerprint(p), p) for p in ps]
+    same = collections.Counter(gs) & collections.Counter(ps)  # the same items first: no comparison needed,
+    gs, ps = list((collections.Counter(gs) - same).elements()), list((collections.Counter(ps) - same).elements())
+    left = [(_fingerprint(p), p) for p in ps]  # so a list of 400 reordered costs 400 steps, not 80,000
     for g in gs:
         fg = _fingerprint(g) if len(left) > 3 else None
         order = sorted(range(len(left)), key=lambda i: _distance(fg, left[i][0])) if fg else range(len(left))
@@ -272,8 +275,10 @@ def _covers(gs, ps, eq):
     ps = tuple(dict.fromkeys(ps))  # the same text twice: once (no comparisons)
     if len(ps) < len(gs):
         return False
+    pset, gset = set(ps), set(gs)
+    met = {i for i, g in enumerate(gs) if g in pset}  # an item the same as a gold's: met, no comparison
+    ps = [p for p in ps if p not in gset]
     fgs = [_fingerprint(g) for g in gs] if len(gs) > 3 else None
-    met = set()
     for p in ps:
         fp = _fingerprint(p) if fgs else None
         order = sorted(range(len(gs)), key=lambda i: _distance(fp, fgs[i])) if fp else range(len(gs))
@@ -881,10 +886,14 @@ def _second_opinion(g, p, rtol=1e-4):
 
 
 def _scalars(s):
-    """The items of answer s when it is a list or set of two or more scalars (cleaned), else None."""
+    """The items of answer s when it is a list or set of two or more scalars, else None: as written
+    where a split at its commas finds them all (math-verify reads `\\operatorname{lcm}(1, 5)`, not the
+    cleaned `lcm (1,5)`), else cleaned."""
     x = _structure(_clean(s)[0])
-    return [i[1] for i in x[1]] if x[0] in ("list", "set") and len(x[1]) > 1 and all(
-        i[0] == "expr" for i in x[1]) else None
+    if not (x[0] in ("list", "set") and len(x[1]) > 1 and all(i[0] == "expr" for i in x[1])):
+        return None
+    raw = [r.strip(" $") for r in _split_top(s.strip(" $"))]
+    return raw if len(raw) == len(x[1]) and all(raw) else [i[1] for i in x[1]]
 
 
 def _item_by_item(gs, ps, rtol):
