@@ -425,27 +425,65 @@ def test_pruning_removes_only_older_checkpoints(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
 
 
-def test_pruning_keeps_an_evaluated_checkpoint_and_says_so(tmp_path, capsys):
-    """A finished run (final step 150, evaluated by eval.py into step_000150/eval/) extended with
-    --resume --set steps=152 at keep_last 1: the save of step 151 pruned step_000150 with its
-    results.json, without a word. It is kept, once said; an unevaluated one is pruned as before."""
+def test_pruning_keeps_what_an_evaluation_needs_and_says_so(tmp_path, tiny_model_dir, capsys):
+    """A checkpoint that eval.py evaluated (step_000150/eval/results.json) and that keep_last would
+    remove keeps its weights, eval/ and train_config.yaml, and loses its optimizer and RNG states,
+    said once. (Before: kept whole, optimizer state too, so a watcher evaluating each checkpoint as
+    it appears turned keep_last off: ~18 GB per 1.5B checkpoint until the disk was full.) An
+    unevaluated one, or one whose evaluation left no results.json, is removed as before. A resume
+    of the pruned one says why it cannot, naming one that can."""
     for step in (100, 150, 151):
-        os.makedirs(tmp_path / f"step_{step:06d}")
-    os.makedirs(tmp_path / "step_000150" / "eval")
-    (tmp_path / "step_000150" / "eval" / "results.json").write_text("{}")
-    assert checkpoint.prune_checkpoints(str(tmp_path), 151, keep_last=1) == [str(tmp_path / "step_000150")]
+        fake_checkpoint(tmp_path / f"step_{step:06d}", tiny_model_dir, world=2, step=step)
+    ckpt = tmp_path / "step_000150"
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "optim" / "__0_0.distcp").write_bytes(b"moments")
+    os.makedirs(ckpt / "eval")
+    (ckpt / "eval" / "results.json").write_text("{}")
+    assert checkpoint.prune_checkpoints(str(tmp_path), 151, keep_last=1) == [str(ckpt)]
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000151"]
+    assert sorted(os.listdir(ckpt)) == ["config.json", "eval", "model.safetensors", "train_config.yaml",
+                                        "trainer_state.json"]
+    assert (ckpt / "model.safetensors").read_bytes() == b"weights"
+    assert (ckpt / "eval" / "results.json").read_text() == "{}"
     said = capsys.readouterr().out
-    assert f"kept {tmp_path / 'step_000150'}, which holds evaluation results" in said
-    os.makedirs(tmp_path / "step_000152")
-    checkpoint.prune_checkpoints(str(tmp_path), 152, keep_last=1)
+    assert said.count("kept") == 1 and f"kept {ckpt} for its evaluation results: its weights, eval/ and " \
+        f"train_config.yaml; deleted its optimizer and RNG states (it can no longer be resumed from)" in said
+    with pytest.raises(UserError, match=re.escape(
+            f"--resume: {ckpt} was pruned to what its evaluation needs (keep_last kept its weights, eval/ "
+            f"and train_config.yaml, and deleted its optimizer and RNG states): resume from a checkpoint "
+            f"that has them (step_000151), or start a new run from its weights (--set model={ckpt})")):
+        checkpoint.check_checkpoint(str(ckpt), tiny_model_dir, 2)
+    fake_checkpoint(tmp_path / "step_000152", tiny_model_dir, step=152)
+    assert checkpoint.prune_checkpoints(str(tmp_path), 152, keep_last=1) == [str(ckpt)]
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000152"]
     assert "kept" not in capsys.readouterr().out  # said once
     # an evaluation that failed or was killed leaves eval/ without results.json: nothing to keep
     os.makedirs(tmp_path / "step_000152" / "eval")
     os.makedirs(tmp_path / "step_000153")
-    assert checkpoint.prune_checkpoints(str(tmp_path), 153, keep_last=1) == [str(tmp_path / "step_000150")]
+    assert checkpoint.prune_checkpoints(str(tmp_path), 153, keep_last=1) == [str(ckpt)]
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000153"]
+
+
+def test_a_run_extended_past_its_evaluated_checkpoint_prunes_it_and_resumes_from_the_newest(
+        train_here, capsys):
+    """train.py end to end: a run of 1 step, its final checkpoint evaluated, extended to 3 steps at
+    keep_last 1: step 1 keeps its weights and results, not its optimizer state; --resume takes
+    step 3, the newest, whole; a branch off the pruned step 1 is refused, saying why."""
+    out = train_here("ext", steps=1, save_every=1, keep_last=1)
+    first = os.path.join(out, "step_000001")
+    os.makedirs(os.path.join(first, "eval"))
+    open(os.path.join(first, "eval", "results.json"), "w").write("{}")
+    capsys.readouterr()
+    train_here("ext", "--resume", steps=3, save_every=1, keep_last=1)
+    assert sorted(n for n in os.listdir(out) if n.startswith("step_")) == ["step_000001", "step_000003"]
+    assert not os.path.exists(os.path.join(first, "optim")) and not any(
+        n.startswith("rng_rank") for n in os.listdir(first))
+    assert {"model.safetensors", "config.json", "train_config.yaml", "eval"} <= set(os.listdir(first))
+    assert capsys.readouterr().out.count(f"kept {first} for its evaluation results") == 1
+    train_here("ext", "--resume", steps=4, save_every=1, keep_last=1)
+    assert f"--resume: from {os.path.join(out, 'step_000003')}" in capsys.readouterr().out
+    with pytest.raises(UserError, match=re.escape(f"--resume: {first} was pruned to what its evaluation needs")):
+        train_here("branch", "--resume", first, steps=4)
 
 
 def test_overwrite_removes_half_written_and_swapped_checkpoints_too(tmp_path):
