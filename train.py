@@ -490,11 +490,14 @@ def update_policy(run, *, minibatches, step):
         group["lr"] = lr_at(cfg, step)
     counts = global_counts(minibatches)
     n_trained = int(sum(n.trained for n in counts))  # over all mini-batches and ranks
-    sums, steps = {}, []
+    sums, steps, mask_steps = {}, [], 0
     top = torch.zeros(0, device=run.device)  # this rank's largest |log r| so far (log_ratio_tail)
     for k, (seqs, n) in enumerate(zip(minibatches, counts)):
         if n.trained == 0:
             continue  # no sequence of this mini-batch carries a gradient: no optimizer step
+        # until a step is taken pi = pi_old, so the mask (target old) weighs 0: read where it can act
+        reads_mask = any(st.taken for st in steps) or cfg.loss_cfg.kl_mask_target != "old"
+        mask_steps += reads_mask
         run.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         in_loss = [s for s in seqs if s.in_loss]
@@ -506,9 +509,7 @@ def update_policy(run, *, minibatches, step):
             if k == 0:
                 keep_as_old(mb, batch, logp, ent)
             loss, metrics = micro_batch_loss(cfg, batch, logp, ent, counts=n, keys=keys)
-            if not any(st.taken for st in steps) and cfg.loss_cfg.kl_mask_target == "old":
-                # no optimizer step yet, so pi = pi_old: the mask's weight is 0 by construction, and
-                # its share is read over the later mini-batches, where it can act
+            if not reads_mask:
                 metrics = {key: v for key, v in metrics.items() if not key.startswith("actor/grad_w_")}
             loss.backward()
             loss_sum += loss.item()
@@ -517,7 +518,7 @@ def update_policy(run, *, minibatches, step):
                                tail_size(n_trained, TAIL_Q))
         steps.append(clip_and_step(run, loss_sum))
     run.optimizer.zero_grad(set_to_none=True)
-    metrics = update_metrics(run, sums=sums, steps=steps, step=step)
+    metrics = update_metrics(run, sums=sums, steps=steps, step=step, mask_steps=mask_steps)
     metrics["actor/trained_tokens"] = n_trained  # the tokens in the loss, over the mini-batches
     if n_trained:  # the same on every rank
         metrics.update(log_ratio_tail(top, n_trained))
@@ -566,10 +567,10 @@ def add_metrics(sums, metrics):
         sums[key] = sums.get(key, 0.0) + v if op == "sum" else (min if op == "min" else max)(sums.get(key, v), v)
 
 
-def update_metrics(run, *, sums, steps, step):
-    """The update's metrics over all ranks: tepo.policy_loss's, each combined by its rule
-    (tepo.METRIC_REDUCE, else a sum) and averaged over the optimizer steps; and the steps' own
-    (count, mean gradient norm, lr, skipped in all). A collective."""
+def update_metrics(run, *, sums, steps, step, mask_steps):
+    """The update's metrics over all ranks: tepo.policy_loss's, each combined by its rule (METRIC_REDUCE,
+    else a sum) and averaged over the optimizer steps (grad_w_*: the `mask_steps` that read them);
+    and the steps' own (count, mean gradient norm, lr, skipped in all). A collective."""
     key_sets = [None] * run.world  # a rank that trained on nothing has no keys: gather them
     dist.all_gather_object(key_sets, sorted(sums))
     keys = sorted(set().union(*key_sets))
@@ -577,8 +578,8 @@ def update_metrics(run, *, sums, steps, step):
     local = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}  # what a rank without the key adds
     over_ranks = {"sum": all_ranks(local), "min": all_ranks(local, "min"), "max": all_ranks(local, "max")}
     n = max(len(steps), 1)
-    metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k] / n
-               for k in keys}
+    metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k]
+               / (max(mask_steps, 1) if k.startswith("actor/grad_w_") else n) for k in keys}
     if "actor/grad_w_kl_mask" in metrics:  # TEPO's mask: its share of the per-token gradient weight
         w = metrics["actor/grad_w_kl_mask"] + metrics["actor/grad_w_policy"]
         metrics["actor/kl_mask_grad_share"] = metrics["actor/grad_w_kl_mask"] / w if w > 0 else 0.0
