@@ -568,23 +568,19 @@ def add_metrics(sums, metrics):
 
 
 def update_metrics(run, *, sums, steps, step, mask_steps):
-    """The update's metrics over all ranks: tepo.policy_loss's, each combined by its rule (METRIC_REDUCE,
-    else a sum) and averaged over the optimizer steps (grad_w_*: the `mask_steps` that read them);
-    and the steps' own (count, mean gradient norm, lr, skipped in all). A collective."""
+    """The update's metrics over all ranks: tepo.policy_loss's, each combined by its rule
+    (tepo.METRIC_REDUCE, else a sum), then tepo.step_metrics; and the steps' own (count, mean
+    gradient norm, lr, skipped in all). A collective."""
     key_sets = [None] * run.world  # a rank that trained on nothing has no keys: gather them
     dist.all_gather_object(key_sets, sorted(sums))
     keys = sorted(set().union(*key_sets))
     fill = {k: math.inf if op == "min" else -math.inf for k, op in tepo.METRIC_REDUCE.items()}
     local = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}  # what a rank without the key adds
     over_ranks = {"sum": all_ranks(local), "min": all_ranks(local, "min"), "max": all_ranks(local, "max")}
-    n = max(len(steps), 1)
-    metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k]
-               / (max(mask_steps, 1) if k.startswith("actor/grad_w_") else n) for k in keys}
-    if "actor/grad_w_kl_mask" in metrics:  # TEPO's mask: its share of the per-token gradient weight
-        w = metrics["actor/grad_w_kl_mask"] + metrics["actor/grad_w_policy"]
-        metrics["actor/kl_mask_grad_share"] = metrics["actor/grad_w_kl_mask"] / w if w > 0 else 0.0
+    metrics = tepo.step_metrics({k: over_ranks[tepo.METRIC_REDUCE.get(k, "sum")][k] for k in keys},
+                                optimizer_steps=len(steps), mask_steps=mask_steps)
     metrics.update({"actor/optimizer_steps": len(steps),
-                    "actor/grad_norm": sum(s.grad_norm for s in steps) / n,
+                    "actor/grad_norm": sum(s.grad_norm for s in steps) / max(len(steps), 1),
                     "actor/lr": lr_at(run.cfg, step), "actor/skipped_updates": run.state.skipped})
     return metrics
 
