@@ -8,9 +8,10 @@ and samples its own share of the prompts; weights go from FSDP2 into it in place
 - GPU: the engine takes `gpu_memory_utilization` of the GPU; `sleep()` frees it for the update
   (weights to CPU RAM, KV cache dropped), `wake()` brings it back before the weight sync.
 - CPU: same process and cores; `generate` uses the trainer's thread count (see make_engine).
-Log-probs are of the distribution sampled from (temperature, top_p), as the trainer computes them;
-`generate(seed=s)` is reproducible (see VLLMEngine.generate). Responses stop at any EOS id of the
-tokenizer or generation_config, or the chat template's end of turn, kept as the last token.
+Log-probs are of the distribution sampled from (temperature, top_p): the trainer's at top_p 1, which
+training takes alone (Sample says why); `generate(seed=s)` is reproducible (see VLLMEngine.generate).
+Responses stop at any EOS id of the tokenizer or generation_config, or the chat template's end of
+turn, kept as the last token.
 The workarounds of vLLM's quirks are gathered at the end, each with its symptom and version.
 """
 import contextlib

@@ -62,6 +62,35 @@ def test_out_of_range_values_are_named(setting, message):
         train.load_config(None, BASE + [setting])
 
 
+def test_training_refuses_top_p_below_1_and_evaluation_takes_it(tmp_path, tiny_model_dir, monkeypatch):
+    """top_p < 1 in training: vLLM's log-probs are of the renormalised nucleus, the trainer's of the
+    full softmax, so every ratio and mismatch metric read the nucleus as drift, silently (before:
+    accepted). One line, the reason and the fix. eval.py samples at its --top-p as before."""
+    import eval as ev
+    import rollout
+    with pytest.raises(UserError, match=re.escape(
+            "config: top_p 0.9 < 1 is not supported in training: vLLM's sampled log-probs are of the "
+            "renormalised nucleus, the trainer's of the full softmax, so the ratios, loss.is_correction and "
+            "the mismatch metrics would read the nucleus as drift; set top_p: 1.0 (eval.py's --top-p is "
+            "unaffected)")):
+        train.load_config(None, BASE + ["top_p=0.9"])
+    assert train.load_config(None, BASE + ["top_p=1.0"]).top_p == 1.0
+    asked, real = [], rollout.make_engine
+
+    def engine(*a, **kw):
+        eng = real(*a, **kw)
+        gen = eng.generate
+        eng.generate = lambda *a, **kw: (asked.append(kw["top_p"]), gen(*a, **kw))[1]
+        return eng
+    monkeypatch.setattr(rollout, "make_engine", engine)
+    bench, out = tmp_path / "b.jsonl", tmp_path / "r.json"
+    bench.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": "4"}\n')
+    ev.main(["--ckpt", tiny_model_dir, "--data", str(bench), "-n", "2", "--temperature", "1.0", "--top-p", "0.9",
+             "--max-new-tokens", "8", "--prompt-template", "{problem}", "--backend", "hf", "--out", str(out)])
+    assert asked and set(asked) == {0.9}
+    assert json.load(open(out))["protocol"]["top_p"] == 0.9
+
+
 def test_a_resume_may_change_only_what_cannot_change_the_run():
     """config.config_changes splits a resume's changes: what defines the run (lr, method and the
     values it resolves, a loss key, the data, the seed) from what may change (the steps to run, the
