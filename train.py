@@ -48,8 +48,8 @@ import eval as ev
 from packing import balance_ranks, lockstep_forwards
 from checkpoint import TrainState, check_checkpoint, load_training_state, save_checkpoint, set_rng_states
 from policy import full_tensor, full_weights, load_policy
-from ranks import (all_ranks, end_distributed, global_tail, keep_largest, placement, run_main,
-                   setup_distributed, tail_size)
+from ranks import (all_ranks, end_distributed, global_tail, keep_largest, on_every_rank, placement,
+                   run_main, setup_distributed, tail_size)
 from runs import (check_resume_path, check_shared_dir, checkpoint_to_resume, cut_back_log, record_config,
                   resumed_config)
 from trackers import check_installed, open_trackers
@@ -657,8 +657,8 @@ def sync_weights(run, *, changed):
     if run.device.type == "cuda":  # vLLM's wake-up allocates outside PyTorch's caching allocator:
         torch.cuda.empty_cache()   # hand it the update's cached blocks
     run.engine.wake()
-    if changed:
-        run.engine.update_weights(full_weights(run.model))
+    if changed:  # a load that fails on one rank stops all (their gathers would wait for it forever)
+        on_every_rank(run.engine.update_weights, full_weights(run.model), "the weight sync into the engine")
     return {"timing/sync": time.perf_counter() - t0}
 
 

@@ -22,6 +22,7 @@ import checkpoint, runs
 import reward
 import train
 from config import UserError
+from conftest import free_port
 from test_train_e2e import metrics, setup_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,6 +270,64 @@ def test_prompts_per_step_not_divisible_by_the_ranks(tmp_path, tiny_model_dir):
     assert [ln for ln in res.stderr.splitlines() if "error: " in ln and "traceback : " not in ln] == [want]
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert f"  traceback : {want}\n=====" in root and "To enable traceback" not in res.stderr, res.stderr[-3000:]
+
+
+SYNC_FAILS_ON_RANK_1 = """import os, sys, time
+sys.path.insert(0, {root!r})
+from types import SimpleNamespace
+import torch
+from torch.distributed.fsdp import fully_shard
+import ranks, train
+rank, world, device = ranks.setup_distributed()
+model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(3)))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)  # its state dict: DTensor shards, each drawn whole by an all-gather
+
+
+class Engine:  # loads the synced tensors one by one, as vLLM's load_weights does
+    def wake(self):
+        pass
+
+    def update_weights(self, named):
+        for i, (name, tensor) in enumerate(named):
+            if rank == 1 and i == 2:  # a parameter name this rank's model spells otherwise
+                raise KeyError(f"{{name}} is not a parameter of the model")
+
+
+try:
+    train.sync_weights(SimpleNamespace(device=device, engine=Engine(), model=model), changed=True)
+    print(f"rank {{rank}}: synced", flush=True)
+except RuntimeError as e:
+    print(f"rank {{rank}}: {{e}}", flush=True)
+    time.sleep(1 - rank)  # rank 1 after rank 0 has printed: a gloo peer that leaves ends the wait
+    os._exit(1)
+"""
+
+
+@pytest.mark.slow
+def test_a_weight_sync_that_fails_on_one_rank_stops_every_rank_with_its_error(tmp_path):
+    """A rank's engine fails to load a synced tensor (the third of six): every rank raises with that
+    rank's error, promptly. (Before: the failed rank raised alone, and its peers went on to gather
+    the next tensor, which it never sends: with nccl they wait forever; here, with gloo, rank 0 died
+    of the lost peer, not knowing why.) Two processes, gloo, FSDP2's gathers."""
+    script = tmp_path / "sync.py"
+    script.write_text(SYNC_FAILS_ON_RANK_1.format(root=ROOT))
+    port, procs = str(free_port()), []
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    want = ("the weight sync into the engine failed on rank 1 of 2, so every rank stops; rank 1: KeyError: "
+            "'1.weight is not a parameter of the model'")
+    for r, out in enumerate(outs):
+        assert f"rank {r}: {want}" in out, out[-3000:]
 
 
 FAIL_LIKE_A_RANK = """import os, sys
