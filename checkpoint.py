@@ -120,30 +120,51 @@ def read_config_changes(ckpt):
         return [json.loads(line) for line in f if line.strip()]
 
 
-_SAID_KEPT = set()  # the evaluated checkpoints prune_checkpoints has kept and said so
-
-
 def prune_checkpoints(out_dir, step, keep_last):
     """After the checkpoint of `step` is published: remove the checkpoints older than it but the
     newest keep_last - 1 of them (keep_last 0: none). A newer one is never removed: it is not this
     run's to remove (and by step number alone, a run saving step 50 beside another run's step 150
-    with keep_last 1 would delete its own step 50). Nor one that holds evaluation results (eval.py
-    writes CKPT/eval/results.json: a finished run extended with --resume --set steps=... would lose
-    the evaluation of its old final checkpoint): it is kept whole, and said, and stays the user's to
-    delete; so evaluating every saved checkpoint keeps them all. An eval/ without results.json (an
-    evaluation that failed or was killed) protects nothing. -> the paths kept so."""
+    with keep_last 1 would delete its own step 50). One that holds evaluation results (eval.py
+    writes CKPT/eval/results.json) keeps what they need, its weights, eval/ and train_config.yaml
+    (a finished run extended with --resume --set steps=... would otherwise lose the evaluation of
+    its old final checkpoint), and loses its optimizer and RNG states, two thirds of its size
+    (drop_training_state); it is said once, and is the user's to delete. So evaluating
+    every checkpoint as it appears keeps their weights, not every optimizer state until the disk is
+    full. An eval/ without results.json (an evaluation that failed or was killed) protects
+    nothing. -> the paths kept so."""
     older = [c for c in list_checkpoints(out_dir) if step_of(c) < step]
     kept = []
     for old in older[:max(0, len(older) - (keep_last - 1))] if keep_last else []:
-        if os.path.isfile(os.path.join(old, "eval", "results.json")):
-            kept.append(old)
-            if old not in _SAID_KEPT:  # once per run, not at every later save
-                _SAID_KEPT.add(old)
-                print(f"keep_last {keep_last}: kept {old}, which holds evaluation results ({old}/eval); "
-                      f"delete it yourself when they are no longer needed (it holds the optimizer state too)")
+        if not evaluated(old):
+            shutil.rmtree(old, ignore_errors=True)
             continue
-        shutil.rmtree(old, ignore_errors=True)
+        kept.append(old)
+        if drop_training_state(old):  # said when it happens: once
+            print(f"keep_last {keep_last}: kept {old} for its evaluation results: its weights, eval/ and "
+                  f"train_config.yaml; deleted its optimizer and RNG states (it can no longer be resumed "
+                  f"from); delete it yourself when the results are no longer needed")
     return kept
+
+
+def evaluated(ckpt):
+    """Whether eval.py wrote its results into the checkpoint (ckpt/eval/results.json)."""
+    return os.path.isfile(os.path.join(ckpt, "eval", "results.json"))
+
+
+def drop_training_state(ckpt):
+    """Delete what only a resume reads (optim/ and each rank's RNG states) from checkpoint `ckpt`;
+    optim/.metadata first, so that a kill midway leaves a checkpoint check_checkpoint refuses.
+    -> whether there was anything to delete."""
+    optim = os.path.join(ckpt, "optim")
+    rng = [os.path.join(ckpt, f) for f in os.listdir(ckpt) if re.fullmatch(r"rng_rank\d+\.pt", f)]
+    if not (os.path.isdir(optim) or rng):
+        return False
+    if os.path.isfile(os.path.join(optim, ".metadata")):
+        os.remove(os.path.join(optim, ".metadata"))
+    shutil.rmtree(optim, ignore_errors=True)
+    for path in rng:
+        os.remove(path)
+    return True
 
 
 def publish(tmp, final):
@@ -186,6 +207,13 @@ def check_checkpoint(ckpt, model_dir, world):
     missing = [f for f in ["config.json", "train_config.yaml", "optim/.metadata"] +
                [f"rng_rank{r}.pt" for r in range(max(saved, 1))]
                if not os.path.isfile(os.path.join(ckpt, f))]
+    if "optim/.metadata" in missing and evaluated(ckpt):
+        whole = [os.path.basename(c) for c in list_checkpoints(os.path.dirname(ckpt.rstrip("/")))
+                 if os.path.isfile(os.path.join(c, "optim", ".metadata"))]
+        raise UserError(f"--resume: {ckpt} was pruned to what its evaluation needs (keep_last kept its "
+                        f"weights, eval/ and train_config.yaml, and deleted its optimizer and RNG states): "
+                        f"resume from a checkpoint that has them ({', '.join(whole) or 'none beside it'}), "
+                        f"or start a new run from its weights (--set model={ckpt})")
     if missing:
         raise UserError(f"--resume: {ckpt} lacks {', '.join(missing)} (incomplete)")
     ours, theirs = (json.load(open(os.path.join(d, "config.json"))) for d in (model_dir, ckpt))

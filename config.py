@@ -37,7 +37,7 @@ class Config:
     max_prompt_len: int = 512            # tokens; longer training prompts are dropped at load
     max_new_tokens: int = 1024           # response length cap (also Dr.GRPO's L_max)
     temperature: float = 1.0             # sampling temperature, also used for the trainer's log-probs
-    top_p: float = 1.0                   # nucleus sampling (1.0 keeps sampler and trainer exact)
+    top_p: float = 1.0                   # nucleus sampling: 1.0 only (__post_init__ says why; eval.py takes any)
     num_minibatches: int = 4             # optimizer steps per RL step
     micro_batch_tokens: int = 16384      # tokens per forward/backward on one rank
     micro_batch_layout: str = "packed"   # packed | grouped (the layout of before): packing.micro_batches
@@ -128,6 +128,11 @@ class Config:
             for name in names:
                 if not ok(getattr(self, name)):
                     raise UserError(f"config: {name} must be {what}, got {getattr(self, name)!r}")
+        if self.top_p < 1:
+            raise UserError(f"config: top_p {self.top_p} < 1 is not supported in training: vLLM's sampled "
+                            f"log-probs are of the renormalised nucleus, the trainer's of the full softmax, so "
+                            f"the ratios, loss.is_correction and the mismatch metrics would read the nucleus "
+                            f"as drift; set top_p: 1.0 (eval.py's --top-p is unaffected)")
         if not self.format_reward < 1:
             raise UserError(f"config: format_reward must be < 1, got {self.format_reward}: a reward of 1 "
                             f"is a right answer's (math_reward's contract, which tells right from wrong)")

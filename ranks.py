@@ -1,5 +1,6 @@
 """The process group: joined and left by every rank (setup_distributed, end_distributed),
-reductions over it (all_ranks; the exact quantile of values spread over the ranks: global_tail),
+reductions over it (all_ranks; the exact quantile of values spread over the ranks: global_tail;
+a collective iteration that fails on every rank when it fails on one: on_every_rank),
 a bad input reported once for all ranks (run_main), and a worker that outlives its launcher ended
 (watch_launcher, started when this module is imported).
 """
@@ -106,6 +107,29 @@ def all_ranks(values, op="sum"):
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                            "min": dist.ReduceOp.MIN}[op])
     return dict(zip(keys, t.tolist()))
+
+
+def on_every_rank(consume, items, what):
+    """consume(items) on this rank, where drawing each item is a collective (policy.full_weights: an
+    all-gather per tensor), failing on every rank if it fails on any. A rank whose `consume` raises
+    (vLLM's load_weights on a parameter name it spells otherwise) draws the rest of the items all
+    the same, since its peers wait for it in each gather (before: forever); then one all-reduce of
+    the outcome, and every rank raises, naming the failed ranks and the first one's error, `what`
+    failed. A collective."""
+    it, caught = iter(items), None
+    try:
+        consume(it)
+    except Exception as e:  # any error: the peers must hear of it
+        caught = e
+    for _ in it:  # the gathers this rank still owes its peers
+        pass
+    if all_ranks({"failed": caught is not None}, "max")["failed"]:
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, f"{type(caught).__name__}: {' '.join(str(caught).split())[:300]}"
+                               if caught is not None else None)
+        failed = [r for r, e in enumerate(errors) if e]
+        raise RuntimeError(f"{what} failed on rank {', '.join(map(str, failed))} of {len(errors)}, so every "
+                           f"rank stops; rank {failed[0]}: {errors[failed[0]]}") from caught
 
 
 def tail_size(n, q):

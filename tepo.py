@@ -524,6 +524,19 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
 METRIC_REDUCE = {"actor/ratio_min": "min", "actor/ratio_max": "max"}
 
 
+def step_metrics(reduced, *, optimizer_steps, mask_steps):
+    """policy_loss's metrics of one RL step from `reduced` {name: its sum over every micro-batch and
+    rank, or its min or max (METRIC_REDUCE)}: each sum averaged over the step's optimizer steps, the
+    KL mask's gradient weights (actor/grad_w_*) over the `mask_steps` of them that read them (where
+    the mask can act: train.update_policy), and the mask's share of the two. -> {name: float}"""
+    metrics = {k: v if k in METRIC_REDUCE else v / max(mask_steps if k.startswith("actor/grad_w_")
+                                                       else optimizer_steps, 1) for k, v in reduced.items()}
+    if "actor/grad_w_kl_mask" in metrics:  # TEPO's mask: its share of the per-token gradient weight
+        w = metrics["actor/grad_w_kl_mask"] + metrics["actor/grad_w_policy"]
+        metrics["actor/kl_mask_grad_share"] = metrics["actor/grad_w_kl_mask"] / w if w > 0 else 0.0
+    return metrics
+
+
 # ----------------------------------------------------------------------------- a model's log-probs
 
 

@@ -48,8 +48,8 @@ import eval as ev
 from packing import balance_ranks, lockstep_forwards
 from checkpoint import TrainState, check_checkpoint, load_training_state, save_checkpoint, set_rng_states
 from policy import full_tensor, full_weights, load_policy
-from ranks import (all_ranks, end_distributed, global_tail, keep_largest, placement, run_main,
-                   setup_distributed, tail_size)
+from ranks import (all_ranks, end_distributed, global_tail, keep_largest, on_every_rank, placement,
+                   run_main, setup_distributed, tail_size)
 from runs import (check_resume_path, check_shared_dir, checkpoint_to_resume, cut_back_log, record_config,
                   resumed_config)
 from trackers import check_installed, open_trackers
@@ -490,11 +490,14 @@ def update_policy(run, *, minibatches, step):
         group["lr"] = lr_at(cfg, step)
     counts = global_counts(minibatches)
     n_trained = int(sum(n.trained for n in counts))  # over all mini-batches and ranks
-    sums, steps = {}, []
+    sums, steps, mask_steps = {}, [], 0
     top = torch.zeros(0, device=run.device)  # this rank's largest |log r| so far (log_ratio_tail)
     for k, (seqs, n) in enumerate(zip(minibatches, counts)):
         if n.trained == 0:
             continue  # no sequence of this mini-batch carries a gradient: no optimizer step
+        # until a step is taken pi = pi_old, so the mask (target old) weighs 0: read where it can act
+        reads_mask = any(st.taken for st in steps) or cfg.loss_cfg.kl_mask_target != "old"
+        mask_steps += reads_mask
         run.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         in_loss = [s for s in seqs if s.in_loss]
@@ -506,9 +509,7 @@ def update_policy(run, *, minibatches, step):
             if k == 0:
                 keep_as_old(mb, batch, logp, ent)
             loss, metrics = micro_batch_loss(cfg, batch, logp, ent, counts=n, keys=keys)
-            if not any(st.taken for st in steps) and cfg.loss_cfg.kl_mask_target == "old":
-                # no optimizer step yet, so pi = pi_old: the mask's weight is 0 by construction, and
-                # its share is read over the later mini-batches, where it can act
+            if not reads_mask:
                 metrics = {key: v for key, v in metrics.items() if not key.startswith("actor/grad_w_")}
             loss.backward()
             loss_sum += loss.item()
@@ -517,7 +518,7 @@ def update_policy(run, *, minibatches, step):
                                tail_size(n_trained, TAIL_Q))
         steps.append(clip_and_step(run, loss_sum))
     run.optimizer.zero_grad(set_to_none=True)
-    metrics = update_metrics(run, sums=sums, steps=steps, step=step)
+    metrics = update_metrics(run, sums=sums, steps=steps, step=step, mask_steps=mask_steps)
     metrics["actor/trained_tokens"] = n_trained  # the tokens in the loss, over the mini-batches
     if n_trained:  # the same on every rank
         metrics.update(log_ratio_tail(top, n_trained))
@@ -566,24 +567,20 @@ def add_metrics(sums, metrics):
         sums[key] = sums.get(key, 0.0) + v if op == "sum" else (min if op == "min" else max)(sums.get(key, v), v)
 
 
-def update_metrics(run, *, sums, steps, step):
+def update_metrics(run, *, sums, steps, step, mask_steps):
     """The update's metrics over all ranks: tepo.policy_loss's, each combined by its rule
-    (tepo.METRIC_REDUCE, else a sum) and averaged over the optimizer steps; and the steps' own
-    (count, mean gradient norm, lr, skipped in all). A collective."""
+    (tepo.METRIC_REDUCE, else a sum), then tepo.step_metrics; and the steps' own (count, mean
+    gradient norm, lr, skipped in all). A collective."""
     key_sets = [None] * run.world  # a rank that trained on nothing has no keys: gather them
     dist.all_gather_object(key_sets, sorted(sums))
     keys = sorted(set().union(*key_sets))
     fill = {k: math.inf if op == "min" else -math.inf for k, op in tepo.METRIC_REDUCE.items()}
     local = {k: sums.get(k, fill.get(k, 0.0)) for k in keys}  # what a rank without the key adds
     over_ranks = {"sum": all_ranks(local), "min": all_ranks(local, "min"), "max": all_ranks(local, "max")}
-    n = max(len(steps), 1)
-    metrics = {k: over_ranks[tepo.METRIC_REDUCE[k]][k] if k in tepo.METRIC_REDUCE else over_ranks["sum"][k] / n
-               for k in keys}
-    if "actor/grad_w_kl_mask" in metrics:  # TEPO's mask: its share of the per-token gradient weight
-        w = metrics["actor/grad_w_kl_mask"] + metrics["actor/grad_w_policy"]
-        metrics["actor/kl_mask_grad_share"] = metrics["actor/grad_w_kl_mask"] / w if w > 0 else 0.0
+    metrics = tepo.step_metrics({k: over_ranks[tepo.METRIC_REDUCE.get(k, "sum")][k] for k in keys},
+                                optimizer_steps=len(steps), mask_steps=mask_steps)
     metrics.update({"actor/optimizer_steps": len(steps),
-                    "actor/grad_norm": sum(s.grad_norm for s in steps) / n,
+                    "actor/grad_norm": sum(s.grad_norm for s in steps) / max(len(steps), 1),
                     "actor/lr": lr_at(run.cfg, step), "actor/skipped_updates": run.state.skipped})
     return metrics
 
@@ -660,8 +657,8 @@ def sync_weights(run, *, changed):
     if run.device.type == "cuda":  # vLLM's wake-up allocates outside PyTorch's caching allocator:
         torch.cuda.empty_cache()   # hand it the update's cached blocks
     run.engine.wake()
-    if changed:
-        run.engine.update_weights(full_weights(run.model))
+    if changed:  # a load that fails on one rank stops all (their gathers would wait for it forever)
+        on_every_rank(run.engine.update_weights, full_weights(run.model), "the weight sync into the engine")
     return {"timing/sync": time.perf_counter() - t0}
 
 

@@ -24,11 +24,11 @@ from conftest import BOXED_TEMPLATE, read_metrics, toy_reward
 
 SETTINGS = {
     # Dr.GRPO: its aggregation (L_max from loss.max_new_tokens), no std division; with a cosine
-    # schedule after a warm-up, AdamW's betas and weight decay, another seed, temperature and top_p,
-    # and the metrics over the trained samples only
+    # schedule after a warm-up, AdamW's betas and weight decay, another seed and temperature (top_p
+    # takes 1.0 alone in training), and the metrics over the trained samples only
     "drgrpo-cosine": dict(method="drgrpo", loss={"max_new_tokens": 30}, lr_schedule="cosine",
                           warmup_steps=1, min_lr_ratio=0.1, steps=3, betas=[0.8, 0.95], weight_decay=0.01,
-                          seed=1, temperature=0.8, top_p=0.9, full_batch_metrics=False),
+                          seed=1, temperature=0.8, full_batch_metrics=False),
     # GRPO's KL term by k1 and k2, the layout of before with the sdpa kernel named, shaping on
     "grpo-k1-grouped": dict(method="grpo", loss={"kl_kind": "k1"}, micro_batch_layout="grouped",
                             packed_attention="sdpa", no_answer_penalty=0.5, format_reward=0.1,

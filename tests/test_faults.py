@@ -22,6 +22,7 @@ import checkpoint, runs
 import reward
 import train
 from config import UserError
+from conftest import free_port
 from test_train_e2e import metrics, setup_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,6 +61,35 @@ def test_a_wrong_type_for_any_key_names_the_key(field):
 def test_out_of_range_values_are_named(setting, message):
     with pytest.raises(UserError, match=message):
         train.load_config(None, BASE + [setting])
+
+
+def test_training_refuses_top_p_below_1_and_evaluation_takes_it(tmp_path, tiny_model_dir, monkeypatch):
+    """top_p < 1 in training: vLLM's log-probs are of the renormalised nucleus, the trainer's of the
+    full softmax, so every ratio and mismatch metric read the nucleus as drift, silently (before:
+    accepted). One line, the reason and the fix. eval.py samples at its --top-p as before."""
+    import eval as ev
+    import rollout
+    with pytest.raises(UserError, match=re.escape(
+            "config: top_p 0.9 < 1 is not supported in training: vLLM's sampled log-probs are of the "
+            "renormalised nucleus, the trainer's of the full softmax, so the ratios, loss.is_correction and "
+            "the mismatch metrics would read the nucleus as drift; set top_p: 1.0 (eval.py's --top-p is "
+            "unaffected)")):
+        train.load_config(None, BASE + ["top_p=0.9"])
+    assert train.load_config(None, BASE + ["top_p=1.0"]).top_p == 1.0
+    asked, real = [], rollout.make_engine
+
+    def engine(*a, **kw):
+        eng = real(*a, **kw)
+        gen = eng.generate
+        eng.generate = lambda *a, **kw: (asked.append(kw["top_p"]), gen(*a, **kw))[1]
+        return eng
+    monkeypatch.setattr(rollout, "make_engine", engine)
+    bench, out = tmp_path / "b.jsonl", tmp_path / "r.json"
+    bench.write_text('{"problem": "1+1?", "answer": "2"}\n{"problem": "2+2?", "answer": "4"}\n')
+    ev.main(["--ckpt", tiny_model_dir, "--data", str(bench), "-n", "2", "--temperature", "1.0", "--top-p", "0.9",
+             "--max-new-tokens", "8", "--prompt-template", "{problem}", "--backend", "hf", "--out", str(out)])
+    assert asked and set(asked) == {0.9}
+    assert json.load(open(out))["protocol"]["top_p"] == 0.9
 
 
 def test_a_resume_may_change_only_what_cannot_change_the_run():
@@ -240,6 +270,64 @@ def test_prompts_per_step_not_divisible_by_the_ranks(tmp_path, tiny_model_dir):
     assert [ln for ln in res.stderr.splitlines() if "error: " in ln and "traceback : " not in ln] == [want]
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert f"  traceback : {want}\n=====" in root and "To enable traceback" not in res.stderr, res.stderr[-3000:]
+
+
+SYNC_FAILS_ON_RANK_1 = """import os, sys, time
+sys.path.insert(0, {root!r})
+from types import SimpleNamespace
+import torch
+from torch.distributed.fsdp import fully_shard
+import ranks, train
+rank, world, device = ranks.setup_distributed()
+model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(3)))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)  # its state dict: DTensor shards, each drawn whole by an all-gather
+
+
+class Engine:  # loads the synced tensors one by one, as vLLM's load_weights does
+    def wake(self):
+        pass
+
+    def update_weights(self, named):
+        for i, (name, tensor) in enumerate(named):
+            if rank == 1 and i == 2:  # a parameter name this rank's model spells otherwise
+                raise KeyError(f"{{name}} is not a parameter of the model")
+
+
+try:
+    train.sync_weights(SimpleNamespace(device=device, engine=Engine(), model=model), changed=True)
+    print(f"rank {{rank}}: synced", flush=True)
+except RuntimeError as e:
+    print(f"rank {{rank}}: {{e}}", flush=True)
+    time.sleep(1 - rank)  # rank 1 after rank 0 has printed: a gloo peer that leaves ends the wait
+    os._exit(1)
+"""
+
+
+@pytest.mark.slow
+def test_a_weight_sync_that_fails_on_one_rank_stops_every_rank_with_its_error(tmp_path):
+    """A rank's engine fails to load a synced tensor (the third of six): every rank raises with that
+    rank's error, promptly. (Before: the failed rank raised alone, and its peers went on to gather
+    the next tensor, which it never sends: with nccl they wait forever; here, with gloo, rank 0 died
+    of the lost peer, not knowing why.) Two processes, gloo, FSDP2's gathers."""
+    script = tmp_path / "sync.py"
+    script.write_text(SYNC_FAILS_ON_RANK_1.format(root=ROOT))
+    port, procs = str(free_port()), []
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, cwd=ROOT))
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    want = ("the weight sync into the engine failed on rank 1 of 2, so every rank stops; rank 1: KeyError: "
+            "'1.weight is not a parameter of the model'")
+    for r, out in enumerate(outs):
+        assert f"rank {r}: {want}" in out, out[-3000:]
 
 
 FAIL_LIKE_A_RANK = """import os, sys
@@ -425,27 +513,65 @@ def test_pruning_removes_only_older_checkpoints(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step_000050", "step_000150"]
 
 
-def test_pruning_keeps_an_evaluated_checkpoint_and_says_so(tmp_path, capsys):
-    """A finished run (final step 150, evaluated by eval.py into step_000150/eval/) extended with
-    --resume --set steps=152 at keep_last 1: the save of step 151 pruned step_000150 with its
-    results.json, without a word. It is kept, once said; an unevaluated one is pruned as before."""
+def test_pruning_keeps_what_an_evaluation_needs_and_says_so(tmp_path, tiny_model_dir, capsys):
+    """A checkpoint that eval.py evaluated (step_000150/eval/results.json) and that keep_last would
+    remove keeps its weights, eval/ and train_config.yaml, and loses its optimizer and RNG states,
+    said once. (Before: kept whole, optimizer state too, so a watcher evaluating each checkpoint as
+    it appears turned keep_last off: ~18 GB per 1.5B checkpoint until the disk was full.) An
+    unevaluated one, or one whose evaluation left no results.json, is removed as before. A resume
+    of the pruned one says why it cannot, naming one that can."""
     for step in (100, 150, 151):
-        os.makedirs(tmp_path / f"step_{step:06d}")
-    os.makedirs(tmp_path / "step_000150" / "eval")
-    (tmp_path / "step_000150" / "eval" / "results.json").write_text("{}")
-    assert checkpoint.prune_checkpoints(str(tmp_path), 151, keep_last=1) == [str(tmp_path / "step_000150")]
+        fake_checkpoint(tmp_path / f"step_{step:06d}", tiny_model_dir, world=2, step=step)
+    ckpt = tmp_path / "step_000150"
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / "optim" / "__0_0.distcp").write_bytes(b"moments")
+    os.makedirs(ckpt / "eval")
+    (ckpt / "eval" / "results.json").write_text("{}")
+    assert checkpoint.prune_checkpoints(str(tmp_path), 151, keep_last=1) == [str(ckpt)]
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000151"]
+    assert sorted(os.listdir(ckpt)) == ["config.json", "eval", "model.safetensors", "train_config.yaml",
+                                        "trainer_state.json"]
+    assert (ckpt / "model.safetensors").read_bytes() == b"weights"
+    assert (ckpt / "eval" / "results.json").read_text() == "{}"
     said = capsys.readouterr().out
-    assert f"kept {tmp_path / 'step_000150'}, which holds evaluation results" in said
-    os.makedirs(tmp_path / "step_000152")
-    checkpoint.prune_checkpoints(str(tmp_path), 152, keep_last=1)
+    assert said.count("kept") == 1 and f"kept {ckpt} for its evaluation results: its weights, eval/ and " \
+        f"train_config.yaml; deleted its optimizer and RNG states (it can no longer be resumed from)" in said
+    with pytest.raises(UserError, match=re.escape(
+            f"--resume: {ckpt} was pruned to what its evaluation needs (keep_last kept its weights, eval/ "
+            f"and train_config.yaml, and deleted its optimizer and RNG states): resume from a checkpoint "
+            f"that has them (step_000151), or start a new run from its weights (--set model={ckpt})")):
+        checkpoint.check_checkpoint(str(ckpt), tiny_model_dir, 2)
+    fake_checkpoint(tmp_path / "step_000152", tiny_model_dir, step=152)
+    assert checkpoint.prune_checkpoints(str(tmp_path), 152, keep_last=1) == [str(ckpt)]
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000152"]
     assert "kept" not in capsys.readouterr().out  # said once
     # an evaluation that failed or was killed leaves eval/ without results.json: nothing to keep
     os.makedirs(tmp_path / "step_000152" / "eval")
     os.makedirs(tmp_path / "step_000153")
-    assert checkpoint.prune_checkpoints(str(tmp_path), 153, keep_last=1) == [str(tmp_path / "step_000150")]
+    assert checkpoint.prune_checkpoints(str(tmp_path), 153, keep_last=1) == [str(ckpt)]
     assert sorted(os.listdir(tmp_path)) == ["step_000150", "step_000153"]
+
+
+def test_a_run_extended_past_its_evaluated_checkpoint_prunes_it_and_resumes_from_the_newest(
+        train_here, capsys):
+    """train.py end to end: a run of 1 step, its final checkpoint evaluated, extended to 3 steps at
+    keep_last 1: step 1 keeps its weights and results, not its optimizer state; --resume takes
+    step 3, the newest, whole; a branch off the pruned step 1 is refused, saying why."""
+    out = train_here("ext", steps=1, save_every=1, keep_last=1)
+    first = os.path.join(out, "step_000001")
+    os.makedirs(os.path.join(first, "eval"))
+    open(os.path.join(first, "eval", "results.json"), "w").write("{}")
+    capsys.readouterr()
+    train_here("ext", "--resume", steps=3, save_every=1, keep_last=1)
+    assert sorted(n for n in os.listdir(out) if n.startswith("step_")) == ["step_000001", "step_000003"]
+    assert not os.path.exists(os.path.join(first, "optim")) and not any(
+        n.startswith("rng_rank") for n in os.listdir(first))
+    assert {"model.safetensors", "config.json", "train_config.yaml", "eval"} <= set(os.listdir(first))
+    assert capsys.readouterr().out.count(f"kept {first} for its evaluation results") == 1
+    train_here("ext", "--resume", steps=4, save_every=1, keep_last=1)
+    assert f"--resume: from {os.path.join(out, 'step_000003')}" in capsys.readouterr().out
+    with pytest.raises(UserError, match=re.escape(f"--resume: {first} was pruned to what its evaluation needs")):
+        train_here("branch", "--resume", first, steps=4)
 
 
 def test_overwrite_removes_half_written_and_swapped_checkpoints_too(tmp_path):

@@ -3,6 +3,7 @@ the process group's backends, DAPO's filter, sampling settings a checkpoint ship
 typed loss keys, the checkpoint lifecycle, and the chat template's end of turn."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -21,6 +22,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ----------------------------------------------------------------------------- process group
+
+
+def test_the_engine_is_not_started_where_its_share_of_the_gpu_is_not_free(tiny_model_dir, monkeypatch):
+    """vLLM starts only with gpu_memory_utilization x the GPU's memory free; on a resume the trainer
+    holds its optimizer state there already. A GPU of 80 GiB with 30 free (26 held by this process,
+    24 by others): 0.4 (32 GiB) is refused in one line with the figures and the utilization that
+    fits, before vLLM starts (before: vLLM's own error, blaming other processes); 0.37 starts."""
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * 2 ** 30, 80 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 26 * 2 ** 30)
+    monkeypatch.setattr(rollout, "VLLMEngine", lambda *a: started.append(a[-1]["gpu_memory_utilization"]))
+    with pytest.raises(train.UserError, match=re.escape(
+            "gpu_memory_utilization 0.4: vLLM's engine needs 0.4 x 80.0 GiB = 32.0 GiB of cuda:0 free at its "
+            "start, and 30.0 GiB is (26.0 GiB held by this process: the trainer's weights, and on a resume its "
+            "optimizer state; 24.0 GiB by others): set gpu_memory_utilization to 0.37 or less (a --resume may "
+            "change it; the engine gets less KV cache), or free the GPU")):
+        rollout.make_engine(tiny_model_dir, backend="vllm", gpu_memory_utilization=0.4)
+    assert started == []
+    rollout.make_engine(tiny_model_dir, backend="vllm", gpu_memory_utilization=0.37)
+    assert started == [0.37]
+
 
 @pytest.mark.parametrize("cuda", [True, False])
 def test_the_process_group_reduces_cpu_tensors_on_every_device(cuda):

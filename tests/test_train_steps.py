@@ -208,3 +208,30 @@ def test_the_masks_share_is_read_where_it_can_act(train_here, monkeypatch, skip_
         assert not any(k.startswith("actor/grad_w_") or k == "actor/kl_mask_grad_share" for k in row), row
     else:
         assert 0 < row["actor/kl_mask_grad_share"] < 1 and row["actor/grad_w_policy"] > 0
+
+
+def test_the_masks_gradient_weights_are_averaged_over_the_steps_that_read_them(train_here, monkeypatch):
+    """K = 3 mini-batches, TEPO's mask reading pi_old: the first mini-batch's gradient weights are
+    left out (pi = pi_old there), so actor/grad_w_policy and actor/grad_w_kl_mask are the sums of
+    mini-batches 2 and 3's micro-batch values divided by 2, computed here from what policy_loss
+    returned. Divided by all 3 optimizer steps, they read low by a third."""
+    real_loss, real_step, seen, done = train.micro_batch_loss, train.clip_and_step, [], [0]
+
+    def loss(*a, **kw):
+        out = real_loss(*a, **kw)
+        seen.append((done[0], {k: float(v) for k, v in out[1].items() if k.startswith("actor/grad_w_")}))
+        return out
+
+    def step(run, loss_sum):
+        done[0] += 1
+        return real_step(run, loss_sum)
+    monkeypatch.setattr(train, "micro_batch_loss", loss)
+    monkeypatch.setattr(train, "clip_and_step", step)
+    out = train_here("w3", reward_fn=alternating_reward(), steps=1, num_minibatches=3, prompts_per_step=6,
+                     lr=1e-2, method="tepo")
+    (row,) = read_metrics(out)
+    assert row["actor/optimizer_steps"] == 3 and row["actor/skipped_updates"] == 0
+    assert {k for k, _ in seen} == {0, 1, 2}
+    for key in ("actor/grad_w_policy", "actor/grad_w_kl_mask"):
+        want = sum(m[key] for k, m in seen if k >= 1) / 2
+        assert want > 0 and row[key] == pytest.approx(want, rel=1e-9), key
