@@ -193,7 +193,7 @@ mine = [items[i] for i in idx]
 # draw over two ranks can be compared with one process's, token for token.
 gk = torch.Generator().manual_seed(11)
 token_keys = [torch.rand(len(lp), generator=gk, dtype=torch.float64) for lp, _, _ in items]
-train.cov_keys = lambda shape, generator: torch.cat([token_keys[i] for i in idx])[:, None]
+tepo.cov_keys = lambda shape, generator: torch.cat([token_keys[i] for i in idx])[:, None]
 out = {}
 for method, extra in (("klcov", {"cov_ratio": 0.1}), ("clipcov", {"cov_ratio": 0.1, "cov_lb": 0.05, "cov_ub": 3.0})):
     cfg = tepo.LossConfig.preset(method, **extra)
@@ -210,13 +210,13 @@ ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may 
 
 def selections(tmp_path, nproc, monkeypatch, capsys):
     """SCRIPT's selections: on 2 ranks under torchrun; on one, in this process (its patch of
-    train.cov_keys undone after the test)."""
+    tepo.cov_keys undone after the test)."""
     if nproc == 1:
         from conftest import free_port
         for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(free_port())).items():
             monkeypatch.setenv(key, value)
-        monkeypatch.setattr(train, "cov_keys", train.cov_keys)
+        monkeypatch.setattr(tepo, "cov_keys", tepo.cov_keys)
         capsys.readouterr()
         exec(compile(f"ROOT = {ROOT!r}\n" + SCRIPT, "cov.py", "exec"), {})
         stdout = capsys.readouterr().out
@@ -286,7 +286,7 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeyp
 
 def test_every_preset_is_in_the_readmes_losses_table():
     """README's "The losses in one screen": a row per method, with its preset's ratio, clip range
-    (KL-Cov: none) and aggregation."""
+    (KL-Cov, SAPO: none) and aggregation."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     table = text.split("## The losses in one screen", 1)[1].split("\n\n## ", 1)[0]
     rows = {}
@@ -298,6 +298,6 @@ def test_every_preset_is_in_the_readmes_losses_table():
     for method, (_, ratio, clip, aggregation, _) in rows.items():
         cfg = LossConfig.preset(method, max_new_tokens=9)
         assert ratio.split()[0] == cfg.ratio, method
-        want = "none" if cfg.cov == "kl" else [cfg.clip_low, cfg.clip_high]
+        want = "none" if cfg.cov == "kl" or cfg.surrogate == "sapo" else [cfg.clip_low, cfg.clip_high]
         assert (clip if clip == "none" else [float(x) for x in clip.split(" / ")]) == want, method
         assert aggregation == cfg.aggregation, method
