@@ -455,6 +455,7 @@ def top_entropy_count(num_tokens, frac):
     (1 - frac)-quantile of all of them, linearly interpolated (torch.quantile's, as TRL computes
     it), which are the num_tokens - ceil((1 - frac)(num_tokens - 1)) largest (in exact arithmetic:
     rounded to 9 digits first), at least one; ties with the last one are kept too."""
+    num_tokens = int(num_tokens)  # (a count summed over the ranks comes as a float)
     return num_tokens - math.ceil(round((1 - frac) * (num_tokens - 1), 9))
 
 

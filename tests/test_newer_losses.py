@@ -245,6 +245,7 @@ def test_top_entropy_count_by_hand_and_ties_kept_together():
     entropy at the threshold are kept together (a response sampled twice)."""
     assert tepo.top_entropy_count(11, 0.2) == 3 and tepo.top_entropy_count(10, 0.2) == 2
     assert tepo.top_entropy_count(1, 0.2) == 1 and tepo.top_entropy_count(7, 1.0) == 7
+    assert tepo.top_entropy_count(11.0, 0.2) == 3    # a count summed over the ranks (a float)
     H = torch.tensor([[0.1, 0.9, 0.5, 0.7, 0.3], [0.2, 0.9, 0.5, 0.7, 0.8]])
     mask = torch.ones(2, 5)
     mask[1, 4] = 0                      # 9 tokens: 0.8 * 8 = 6.4 -> the 8th smallest (0.9) and up: 2
