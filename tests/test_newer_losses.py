@@ -310,7 +310,12 @@ def test_the_choice_is_the_same_on_1_2_and_8_ranks(frac):
     d = make_batch(seed=8, B=20, T=9)
     H, mask = d["entropy"], d["mask"]
     H[5], mask[5] = H[4], mask[4]                          # a response sampled twice: equal entropies
+    # and a tie at the threshold: the token just below the n-th largest raised to it, both kept
+    n = tepo.top_entropy_count(int(mask.sum()), frac)
+    order = torch.where(mask > 0, H, -1.0).flatten().argsort(descending=True)
+    H.view(-1)[order[n]] = H.view(-1)[order[n - 1]]
     want = quantile_rule(H, mask, frac)
+    assert int(want.sum()) >= n + 1
     deals = {1: [list(range(20))], 2: [[0, 3, 17], [i for i in range(20) if i not in (0, 3, 17)]],
              8: [[7, 1], [4], [5, 12, 13, 14], [], [0, 2, 3], [6, 8, 9, 10, 11], [15, 16], [17, 18, 19]]}
     for world, parts in deals.items():
