@@ -170,6 +170,24 @@ def test_sapo_gradient_by_hand_and_its_gate():
     assert torch.allclose(at_one.grad, -A * d["mask"] / (len(A) * lens), atol=1e-15)
 
 
+def test_gmpo_mean_log_ratio_is_clamped_not_inf():
+    """GMPO leaves a token's log-ratio unclamped (the reference implementation), and with A < 0 it
+    keeps its upper side: a response whose tokens all drifted +100 (a bad sync) would give
+    exp(100) = inf in float32, and inf * A a NaN loss that skips the step. The response's mean is
+    clamped at +-20 before exp: finite, and the other responses' gradients as they were."""
+    d = {k: v.float() for k, v in make_batch(seed=9).items()}
+    d["adv"][0] = -0.5
+    d["logp"][0] = d["old"][0] + 100.0
+    x = d["logp"].clone().requires_grad_()
+    loss, _ = ours(d, LossConfig.preset("gmpo"), logp=x)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+    y = d["logp"][1:].clone().requires_grad_()
+    rest = {k: v[1:] for k, v in d.items()}
+    (g_rest,) = torch.autograd.grad(gmpo_reference(y, rest["old"], rest["adv"], rest["mask"], 0.4, 0.4), y)
+    assert torch.allclose(x.grad[1:], g_rest * 9 / 10, rtol=1e-5, atol=1e-9)   # (mean over 10, not 9)
+
+
 @pytest.mark.parametrize("method", NEWER)
 def test_newer_settings_are_checked(method):
     with pytest.raises(ValueError, match="surrogate 'gmpo' reads the token ratio"):
