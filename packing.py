@@ -266,7 +266,7 @@ def deal(minibatches, world, *, full_batch_metrics=True):
     Each phase is balanced by what it forwards (train.py: old_logprobs, update_policy):
       1. the update, mini-batch by mini-batch (an optimizer step each, so each one waits for its
          busiest rank): the sequences in the loss (`in_loss`), by their tokens. The reference pass
-         and the covariance selection forward the same ones.
+         and the selection pass (Clip-Cov's, KL-Cov's, the 80/20 rule's) forward the same ones.
       2. the sequences out of the loss (A = 0), which only the old pass forwards (when
          `full_batch_metrics`), in a lock-step pass of their own after the trained ones (which it
          forwards mini-batch by mini-batch as step 1 dealt them): by their tokens, all together.
