@@ -26,7 +26,7 @@ Aggregation over the *global* mini-batch (all ranks and micro-batches; hence `nu
     tepo    s      3e-4 / 4e-4       token-mean               + token-level KL mask (below)
     clipcov r      0.2 / 0.28        token-mean               Clip-Cov: a few tokens' gradient cut (below)
     klcov   r      (no clip)         token-mean               KL-Cov: |log r| on the top-cov tokens (below)
-    gmpo    r      0.4 / 0.4 (log)   seq-mean-token-mean      the geometric mean of clipped token ratios (below)
+    gmpo    r      0.4 / 0.4 (log)   seq-mean-token-mean      geometric mean of clipped token ratios (below)
     cispo   r      1 / 4             token-mean               the clipped ratio a constant weight (below)
     sapo    r      (no clip)         seq-mean-token-mean      a smooth gate, tau 1.0 / 1.05 (below)
 
@@ -69,7 +69,7 @@ The clip ranges of GMPO and CISPO and SAPO's temperatures are ours until checked
 And the 80/20 rule (Wang et al. 2025, arXiv 2506.01939; TRL's `top_entropy_quantile`), on any
 method: the policy term only on the tokens whose entropy H (the policy's at the mini-batch's start,
 as its update's forward computes it) is at or above the (1 - top_entropy_frac)-quantile of the
-mini-batch's over all ranks (torch.quantile's linear interpolation, as TRL), the rest 0 with the
+mini-batch's over all ranks (torch.quantile's linear interpolation), the rest 0 with the
 denominators unchanged; chosen among the responses in the loss, as Clip-Cov's `trained` tokens:
     l[i,t] *= 1[H[i,t] >= quantile_{1 - top_entropy_frac}(H)]               (top_entropy_frac 0: off)
 
@@ -452,9 +452,9 @@ def cov_select(logp, old_logp, advantages, mask, cfg, keys):
 
 def top_entropy_count(num_tokens, frac):
     """How many of `num_tokens` tokens the 80/20 rule keeps: those whose entropy is at or above the
-    (1 - frac)-quantile of all of them, linearly interpolated (torch.quantile's, as TRL computes
-    it), which are the num_tokens - ceil((1 - frac)(num_tokens - 1)) largest (in exact arithmetic:
-    rounded to 9 digits first), at least one; ties with the last one are kept too."""
+    (1 - frac)-quantile of all of them, linearly interpolated (torch.quantile's default), which
+    are the num_tokens - ceil((1 - frac)(num_tokens - 1)) largest (in exact arithmetic: rounded to
+    9 digits first), at least one; ties with the last one are kept too."""
     num_tokens = int(num_tokens)  # (a count summed over the ranks comes as a float)
     return num_tokens - math.ceil(round((1 - frac) * (num_tokens - 1), 9))
 

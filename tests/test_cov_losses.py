@@ -260,7 +260,7 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeyp
     means and its own n = max(1, 10% of its tokens)) it would not be. Clip-Cov draws n = 6 tokens
     from the whole mini-batch's candidates over two ranks as over one: with each token's random key
     fixed, the same 6, the candidates with the largest keys. The 80/20 rule keeps the same tokens
-    over two ranks as over one, TRL's on the whole mini-batch, and not each rank's own top share."""
+    over two ranks as over one, the quantile rule's on the whole mini-batch, not each rank's own."""
     one, two = selections(tmp_path, 1, monkeypatch, capsys), selections(tmp_path, 2, monkeypatch, capsys)
     g = torch.Generator().manual_seed(7)
     items = []
@@ -300,7 +300,7 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeyp
         k = max(1, int(0.1 * mask[rows].sum()))
         per_rank |= set(sorted(own, key=lambda it: token_keys[it[0]][it[1]].item(), reverse=True)[:k])
     assert per_rank != drawn
-    # the 80/20 rule over two ranks as over one: TRL's rule on the whole mini-batch; not each rank's own
+    # the 80/20 rule over two ranks as over one: the quantile rule on the whole mini-batch, not per rank
     assert one["top_entropy"] == two["top_entropy"] == top_entropy_reference(range(12))
     assert top_entropy_reference([7, 10, 11]) | top_entropy_reference([0, 1, 2, 3, 4, 5, 6, 8, 9]) != \
         one["top_entropy"]
@@ -308,7 +308,7 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeyp
 
 def top_entropy_reference(rows):
     """The tokens (i, t) of responses `rows` whose token_entropy is at or above torch.quantile of
-    all of theirs at 0.75 (TRL's top_entropy_quantile 0.25)."""
+    all of theirs at 0.75 (top_entropy_frac 0.25)."""
     q = torch.quantile(torch.cat([token_entropy(i) for i in rows]), 0.75).item()
     return {(i, t) for i in rows for t, h in enumerate(token_entropy(i).tolist()) if h >= q}
 
@@ -317,8 +317,8 @@ def top_entropy_reference(rows):
 def test_the_selections_over_eight_ranks_are_one_processs(tmp_path, monkeypatch, capsys):
     """SCRIPT on 8 ranks, the 12 responses dealt unevenly (rank 3 holds none, response 5 and its
     equal-entropy copy 11 on other ranks): KL-Cov's, Clip-Cov's (each token's key fixed) and the
-    80/20 rule's choices are exactly those of one process, and the 80/20 rule's TRL's on the whole
-    mini-batch."""
+    80/20 rule's choices are exactly those of one process, and the 80/20 rule's is the quantile
+    rule on the whole mini-batch."""
     one, eight = selections(tmp_path, 1, monkeypatch, capsys), selections(tmp_path, 8, monkeypatch, capsys)
     assert one == eight
     assert eight["klcov"] and eight["clipcov"]

@@ -4,7 +4,7 @@ and the 80/20 rule on any method.
 Each loss's value and gradient against a reference written here in float64 from the spec's
 formulas, in their own form (GMPO a sequence at a time, as exp of the mean clipped log-ratio), and
 against gradients derived by hand; the clip fractions they log; micro-batch sums equal to the
-mini-batch's loss for any cut; the 80/20 rule's choice against torch.quantile (TRL's rule), and the
+mini-batch's loss for any cut; the 80/20 rule's choice against torch.quantile (the quantile rule), and the
 same over 1, 2 and 8 ranks however the tokens are dealt (in this process: each rank's n largest,
 the n-th of their union, as ranks.global_nth; over real ranks: tests/test_cov_losses.py). Their
 per-token values beside every other method's: tests/test_tepo.py's reference_loss.
@@ -243,7 +243,7 @@ def test_microbatches_sum_to_the_mini_batch_for_any_cut(method, frac):
 # ----------------------------------------------------------------------------- the 80/20 rule
 
 def quantile_rule(H, mask, frac):
-    """TRL's: the tokens whose entropy is at or above torch.quantile(the batch's entropies, 1 - frac)."""
+    """The tokens whose entropy is at or above torch.quantile(the batch's entropies, 1 - frac)."""
     return (H >= torch.quantile(H[mask > 0], 1 - frac)) & (mask > 0)
 
 

@@ -181,7 +181,7 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
                 pg[i][t] = -rho * adv[i] + cfg.kl_cov_coef * abs(logp[i][t] - old[i][t]) * sel[i][t]
             if cfg.is_correction != "none":
                 pg[i][t] *= is_weight(i, t)
-    if cfg.top_entropy_frac:  # the 80/20 rule: H at or above its (1 - frac)-quantile (TRL's), else 0
+    if cfg.top_entropy_frac:  # the 80/20 rule: H at or above its (1 - frac)-quantile, else 0
         q = torch.quantile(torch.tensor([entropy[i][t] for i in range(B) for t in range(T) if mask[i][t]],
                                         dtype=torch.float64), 1 - cfg.top_entropy_frac).item()
         pg = [[pg[i][t] * (entropy[i][t] >= q) for t in range(T)] for i in range(B)]
