@@ -29,7 +29,7 @@ class Config:
     prompt_template: str | None = None   # "...{problem}..."; null: the chat template, else plain
     out_dir: str = "runs/run"            # metrics, samples and checkpoints go here
     seed: int = 0                        # data order, sampling seeds, initial RNG states
-    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo | clipcov | klcov: the loss preset
+    method: str = "tepo"                 # grpo | drgrpo | dapo | gspo | tepo | clipcov | klcov | gmpo | cispo | sapo
     loss: dict = field(default_factory=dict)  # overrides of tepo.LossConfig fields, e.g. clip_high
     steps: int = 100                     # RL steps (one batch of P x G samples each)
     prompts_per_step: int = 16           # P over all ranks (divisible by the number of ranks)
@@ -302,6 +302,16 @@ def cov_on(values):
     return values["loss.cov"] != "none"
 
 
+def clips(values):
+    """Whether the run of `values` (run_values) clips its ratio (all but KL-Cov and SAPO)."""
+    return values["loss.cov"] != "kl" and values["loss.surrogate"] != "sapo"
+
+
+def sapo(values):
+    """Whether the run of `values` (run_values) has SAPO's gate, which its temperatures set."""
+    return values["loss.surrogate"] == "sapo"
+
+
 # The keys free only where another one cannot make them change the run: key -> whether it defines
 # the run of `values` (run_values), i.e. whether the code that reads it runs. `steps` sets the
 # length of a cosine schedule (and `min_lr_ratio` its floor); how the batch is cut into
@@ -323,9 +333,9 @@ FREE_UNLESS = {"steps": cosine, "min_lr_ratio": cosine,
                "loss.cov_lb": lambda values: values["loss.cov"] == "clip",
                "loss.cov_ub": lambda values: values["loss.cov"] == "clip",
                "loss.kl_cov_coef": lambda values: values["loss.cov"] == "kl",
-               # KL-Cov's loss has no clip (tepo.policy_loss): its clip range is read by no term
-               "loss.clip_low": lambda values: values["loss.cov"] != "kl",
-               "loss.clip_high": lambda values: values["loss.cov"] != "kl",
+               # KL-Cov's and SAPO's losses have no clip (tepo.policy_loss): no term reads the range
+               "loss.clip_low": clips, "loss.clip_high": clips,
+               "loss.sapo_tau_pos": sapo, "loss.sapo_tau_neg": sapo,
                # Dr.GRPO's L_max: read by its aggregation alone
                "loss.max_new_tokens": lambda values: values["loss.aggregation"] == "seq-mean-token-sum-norm"}
 

@@ -3,7 +3,7 @@ forwarded in lock-step, and the attention that keeps a packed row's sequences ap
 
 A *sequence* here is one response with its prompt, as train.py's `Sequence` holds it: `gid` (its
 group: sequences of one gid share a prompt), `prompt` and `resp` (token ids), `adv`, and any of
-the per-token (R,) values old_logp, old_entropy, ref_logp, rollout_logp, cov_sel.
+the per-token (R,) values old_logp, old_entropy, ref_logp, rollout_logp, cov_sel, entropy_sel.
   micro_batches      sequences -> micro-batches of about `micro_batch_tokens` positions
   collate            a micro-batch -> the tensors of tepo.response_logprobs (one packed row)
   balance_ranks      each mini-batch's sequences dealt over the ranks, so that every phase of
@@ -137,9 +137,9 @@ def collate(mb, device, layout="packed", rows=False):
     else:
         out["prompt"] = torch.tensor([mb[0].prompt])
         out["rows"] = rows
-    for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp", "cov_sel"):
+    for key in ("old_logp", "old_entropy", "ref_logp", "rollout_logp", "cov_sel", "entropy_sel"):
         if all(getattr(s, key, None) is not None for s in mb):
-            out[key] = torch.zeros(len(mb), R, dtype=torch.bool if key == "cov_sel" else torch.float32)
+            out[key] = torch.zeros(len(mb), R, dtype=torch.bool if key.endswith("_sel") else torch.float32)
             for b, s in enumerate(mb):
                 out[key][b, :len(s.resp)] = getattr(s, key)
     out = {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
@@ -266,7 +266,7 @@ def deal(minibatches, world, *, full_batch_metrics=True):
     Each phase is balanced by what it forwards (train.py: old_logprobs, update_policy):
       1. the update, mini-batch by mini-batch (an optimizer step each, so each one waits for its
          busiest rank): the sequences in the loss (`in_loss`), by their tokens. The reference pass
-         and the covariance selection forward the same ones.
+         and the selection pass (Clip-Cov's, KL-Cov's, the 80/20 rule's) forward the same ones.
       2. the sequences out of the loss (A = 0), which only the old pass forwards (when
          `full_batch_metrics`), in a lock-step pass of their own after the trained ones (which it
          forwards mini-batch by mini-batch as step 1 dealt them): by their tokens, all together.

@@ -1,6 +1,7 @@
 """The process group: joined and left by every rank (setup_distributed, end_distributed),
 reductions over it (all_ranks; the exact quantile of values spread over the ranks: global_tail;
-a collective iteration that fails on every rank when it fails on one: on_every_rank),
+the threshold of a top-n choice over them: global_nth; a collective iteration that fails on every
+rank when it fails on one: on_every_rank),
 a bad input reported once for all ranks (run_main), and a worker that outlives its launcher ended
 (watch_launcher, started when this module is imported).
 """
@@ -151,6 +152,16 @@ def global_tail(top, n, q):
     dist.all_gather_object(tops, top.tolist())
     union = sorted((v for t in tops for v in t), reverse=True)
     return union[0], union[tail_size(n, q) - 1]
+
+
+def global_nth(top, n):
+    """The n-th largest of (score, key) pairs spread over the ranks, from each rank's n largest
+    (`top`, (k, 2) float64 as tepo.top_pairs gives them): the threshold of a top-n choice over
+    all ranks (None where they hold fewer than n). A collective."""
+    tops = [None] * dist.get_world_size()
+    dist.all_gather_object(tops, top.tolist())
+    pairs = sorted((tuple(p) for t in tops for p in t), reverse=True)  # largest first
+    return torch.tensor(pairs[n - 1], dtype=torch.float64) if len(pairs) >= n else None
 
 
 def run_main(main):

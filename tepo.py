@@ -26,6 +26,9 @@ Aggregation over the *global* mini-batch (all ranks and micro-batches; hence `nu
     tepo    s      3e-4 / 4e-4       token-mean               + token-level KL mask (below)
     clipcov r      0.2 / 0.28        token-mean               Clip-Cov: a few tokens' gradient cut (below)
     klcov   r      (no clip)         token-mean               KL-Cov: |log r| on the top-cov tokens (below)
+    gmpo    r      0.4 / 0.4 (log)   seq-mean-token-mean      geometric mean of clipped token ratios (below)
+    cispo   r      1 / 4             token-mean               the clipped ratio a constant weight (below)
+    sapo    r      (no clip)         seq-mean-token-mean      a smooth gate, tau 1.0 / 1.05 (below)
 
 TEPO (Lin et al., arXiv 2510.09369 / ACL 2026): the group reward reaches every token through the
 same sequence-likelihood ratio s_i, and the loss is a token-mean, so every token of the batch
@@ -54,6 +57,22 @@ Any method may add an entropy bonus, aggregated like the policy loss, over every
 (those of A = 0 responses too):
     loss -= entropy_coef * agg(H)                                          (entropy_coef 0: off)
 
+The losses that followed (../shared/NEWER_BASELINES.md; verl's `geo_mean`, `cispo`, `sapo`), each
+a `surrogate` in place of the clipped l above, on the token log-ratio delta = logp - old_logp:
+    GMPO:  d[i,t] = sign(A_i) min(sign(A_i) delta, sign(A_i) clamp(delta, -eps_low, eps_high))
+           rho_i  = exp( sum_t m d / |y_i| ),   l[i,t] = -A_i sg(rho_i) exp(d - sg(d))
+           (value -A_i rho_i on each token, so seq-mean-token-mean is mean_i(-A_i rho_i) and its
+           gradient; delta not clamped to +-20, the mean of d is, before exp)
+    CISPO: l[i,t] = -sg(clamp(r, 1 - eps_low, 1 + eps_high)) A_i logp       (every token keeps a grad)
+    SAPO:  l[i,t] = -A_i sigmoid(tau (r - 1)) 4 / tau,  tau = tau_pos if A_i > 0 else tau_neg
+The clip ranges of GMPO and CISPO and SAPO's temperatures are ours until checked (LossConfig).
+And the 80/20 rule (Wang et al. 2025, arXiv 2506.01939; TRL's `top_entropy_quantile`), on any
+method: the policy term only on the tokens whose entropy H (the policy's at the mini-batch's start,
+as its update's forward computes it) is at or above the (1 - top_entropy_frac)-quantile of the
+mini-batch's over all ranks (torch.quantile's linear interpolation), the rest 0 with the
+denominators unchanged; chosen among the responses in the loss, as Clip-Cov's `trained` tokens:
+    l[i,t] *= 1[H[i,t] >= quantile_{1 - top_entropy_frac}(H)]               (top_entropy_frac 0: off)
+
 Off by default, for every method: a correction of the sampler/trainer mismatch (the sampler's
 kernels and dtype score tokens a little differently from the trainer): each token's surrogate
 times a constant importance weight w = pi_old / pi_rollout, per token or per sequence, capped at
@@ -64,10 +83,11 @@ from dataclasses import dataclass, fields
 
 import torch
 
-METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo", "clipcov", "klcov")
+METHODS = ("grpo", "drgrpo", "dapo", "gspo", "tepo", "clipcov", "klcov", "gmpo", "cispo", "sapo")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_KINDS = ("k1", "k2", "k3")
 COV_KINDS = ("none", "clip", "kl")
+SURROGATES = ("clip", "gmpo", "cispo", "sapo")
 MAX_LOG_RATIO = 20.0  # |log pi/pi_old| (token, or the sequence's mean) is clamped here before exp
 
 
@@ -254,6 +274,14 @@ class LossConfig:
     kl_cov_coef: float = 1.0             # KL-Cov: the weight of |logp - old_logp| on its tokens
     cov_batch: str = "minibatch"         # minibatch (over all ranks; ours) | microbatch (verl's)
     cov_tokens: str = "trained"          # the selection's tokens: trained (A != 0; ours) | all (verl's)
+    # The surrogate of the policy term: PPO's clip, or a newer one (GMPO, CISPO, SAPO; set by the
+    # presets); SAPO's gate temperatures (ours until checked against the paper: tau_neg > tau_pos).
+    surrogate: str = "clip"              # clip | gmpo | cispo | sapo
+    sapo_tau_pos: float = 1.0            # SAPO: tau where A > 0
+    sapo_tau_neg: float = 1.05           # SAPO: tau where A <= 0 (larger: negative updates fade faster)
+    # The 80/20 rule (any method): the policy term only on the mini-batch's top share of tokens by
+    # entropy, over all ranks (top_entropy_select; train.py's selection over the mini-batch).
+    top_entropy_frac: float = 0.0        # the share kept (the paper: 0.2); 0: off
 
     # Not a field (no annotation): the spec's table of method defaults.
     PRESETS = {
@@ -270,6 +298,14 @@ class LossConfig:
                         cov="clip"),
         "klcov": dict(ratio="token", clip_low=0.2, clip_high=0.28, aggregation="token-mean",
                       cov="kl"),  # the clip range is not used by KL-Cov's loss
+        # The clip ranges of these three are ours (docs/CONFIG.md): GMPO's on the log-ratio, the
+        # paper's (e^-0.4, e^0.4) as our notes give it; CISPO's weight with no floor (1 - 1 = 0)
+        # and a cap of 5, "mainly from above" as the paper describes it. SAPO has no clip.
+        "gmpo": dict(ratio="token", clip_low=0.4, clip_high=0.4, aggregation="seq-mean-token-mean",
+                     surrogate="gmpo"),
+        "cispo": dict(ratio="token", clip_low=1.0, clip_high=4.0, aggregation="token-mean",
+                      surrogate="cispo"),
+        "sapo": dict(ratio="token", aggregation="seq-mean-token-mean", surrogate="sapo"),
     }
 
     @classmethod
@@ -284,7 +320,7 @@ class LossConfig:
                    "kl_kind": KL_KINDS, "kl_mask_target": ("old", "ref"),
                    "is_correction": ("none", "tis", "mask"), "is_level": ("token", "sequence"),
                    "cov": COV_KINDS, "cov_batch": ("minibatch", "microbatch"),
-                   "cov_tokens": ("trained", "all")}
+                   "cov_tokens": ("trained", "all"), "surrogate": SURROGATES}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {allowed}")
@@ -292,14 +328,26 @@ class LossConfig:
             raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_new_tokens > 0")
         if not self.is_cap > 1:
             raise ValueError(f"is_cap must be > 1 (the weights kept lie in [1/C, C]), got {self.is_cap}")
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f"clip range must satisfy 0 <= clip_low < 1 <= 1 + clip_high, got "
+        if not (0 <= self.clip_low <= 1 and self.clip_high >= 0):
+            raise ValueError(f"clip range must satisfy 0 <= clip_low <= 1 <= 1 + clip_high, got "
                              f"{self.clip_low}, {self.clip_high}")
         if self.cov != "none" and not 0 < self.cov_ratio <= 1:
             raise ValueError(f"cov_ratio must lie in (0, 1], got {self.cov_ratio}")
         if self.cov != "none" and self.ratio != "token":
             raise ValueError(f"cov {self.cov!r} (Clip-Cov / KL-Cov) is defined on the token ratio; "
                              f"got ratio {self.ratio!r}")
+        if self.cov != "none" and self.surrogate != "clip":
+            raise ValueError(f"cov {self.cov!r} (Clip-Cov / KL-Cov) is defined on PPO's clipped "
+                             f"surrogate; got surrogate {self.surrogate!r}: set one or the other")
+        if self.surrogate != "clip" and self.ratio != "token":
+            raise ValueError(f"surrogate {self.surrogate!r} reads the token ratio; got ratio "
+                             f"{self.ratio!r}: set ratio token")
+        if not (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0):
+            raise ValueError(f"sapo_tau_pos and sapo_tau_neg must be > 0, got {self.sapo_tau_pos}, "
+                             f"{self.sapo_tau_neg}")
+        if not 0 <= self.top_entropy_frac <= 1:
+            raise ValueError(f"top_entropy_frac must lie in [0, 1] (the share of tokens kept; 0: "
+                             f"off), got {self.top_entropy_frac}")
 
     @property
     def every_response_in_loss(self):
@@ -310,6 +358,13 @@ class LossConfig:
         it."""
         return (self.kl_coef > 0 or self.entropy_coef != 0
                 or (self.cov != "none" and self.cov_tokens == "all"))
+
+    @property
+    def selects_over_minibatch(self):
+        """Whether the update chooses tokens over the whole mini-batch before it (train.py's
+        select_tokens: one more forward per mini-batch): Clip-Cov / KL-Cov's (cov_batch
+        "minibatch"), the 80/20 rule's."""
+        return (self.cov != "none" and self.cov_batch == "minibatch") or self.top_entropy_frac > 0
 
     @property
     def needs_ref(self):
@@ -357,6 +412,12 @@ def cov_scores(logp, old_logp, advantages, mask, cfg, keys, *, mean_logp, mean_a
     return keys, m & ~clipped & (cov > cfg.cov_lb) & (cov < cfg.cov_ub), cov
 
 
+def cov_keys(shape, generator):
+    """Uniform random keys (float64, so no two alike) that rank Clip-Cov's candidates and break
+    KL-Cov's ties."""
+    return torch.rand(shape, generator=generator, dtype=torch.float64)
+
+
 def cov_count(num_tokens, cfg):
     """How many tokens Clip-Cov / KL-Cov select among `num_tokens`: max(1, floor(ratio * n))."""
     return max(1, int(cfg.cov_ratio * num_tokens))
@@ -389,6 +450,66 @@ def cov_select(logp, old_logp, advantages, mask, cfg, keys):
     return at_or_above(score, keys, eligible, top[-1]) if len(top) else eligible
 
 
+def top_entropy_count(num_tokens, frac):
+    """How many of `num_tokens` tokens the 80/20 rule keeps: those whose entropy is at or above the
+    (1 - frac)-quantile of all of them, linearly interpolated (torch.quantile's default), which
+    are the num_tokens - ceil((1 - frac)(num_tokens - 1)) largest (in exact arithmetic: rounded to
+    9 digits first), at least one; ties with the last one are kept too."""
+    num_tokens = int(num_tokens)  # (a count summed over the ranks comes as a float)
+    return num_tokens - math.ceil(round((1 - frac) * (num_tokens - 1), 9))
+
+
+def top_entropy_select(entropy, mask, frac, *, num_tokens=None, nth=None):
+    """(B, T) bool: the 80/20 rule's tokens: of the response tokens (mask (B, T)), those whose
+    entropy (B, T) is at or above the n-th largest, n = top_entropy_count of the batch's tokens.
+    Within this batch alone by default; over a mini-batch spread over the ranks given its
+    `num_tokens` on all ranks and `nth(top, n)`, the n-th largest of every rank's `top` pairs
+    (ranks.global_nth: train.py's select_tokens). No random key breaks ties: equal entropies are
+    kept or left out together, so the choice is the same however the batch is cut or dealt."""
+    m = mask > 0
+    H = entropy.detach().double()
+    ties = torch.zeros_like(H)
+    n = top_entropy_count(int(m.sum()) if num_tokens is None else num_tokens, frac)
+    top = top_pairs(H, ties, m, n)
+    return at_or_above(H, ties, m, top[-1] if nth is None else nth(top, n))
+
+
+def newer_surrogate(logp, old_logp, ratio, A, mask, cfg):
+    """The per-token loss (B, T) of GMPO, CISPO or SAPO (cfg.surrogate; the module docstring).
+    logp (B, T) with grad, old_logp and mask (B, T), ratio the token ratio r (B, T; its log
+    clamped to +-20), A (B, 1)."""
+    if cfg.surrogate == "cispo":  # the clipped ratio, a constant weight: every token keeps grad(logp)
+        return -ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high).detach() * A * logp
+    if cfg.surrogate == "sapo":   # slope 1 at r = 1 (the unclipped surrogate's), fading away from it
+        tau = torch.where(A > 0, torch.full_like(A, cfg.sapo_tau_pos), torch.full_like(A, cfg.sapo_tau_neg))
+        return -torch.sigmoid(tau * (ratio - 1)) * (4 / tau) * A
+    # GMPO: each token's log-ratio clipped on the side its advantage favours (not clamped to +-20
+    # first, as the reference implementation), their mean over the response the log of rho_i.
+    # Carried to each token as the sequence ratio is: value rho_i, gradient rho_i * grad(d[i,t]),
+    # so that seq-mean-token-mean gives mean_i(-A_i rho_i) and its exact gradient, and a token
+    # masked out (the 80/20 rule) takes its own gradient along and nothing else.
+    sign, log_r = torch.sign(A), logp - old_logp
+    d = sign * torch.min(sign * log_r, sign * log_r.clamp(-cfg.clip_low, cfg.clip_high))
+    log_rho = (d * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)        # (B, 1)
+    rho = torch.exp(log_rho.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))       # no inf past 88
+    return -A * rho * torch.exp(d - d.detach())
+
+
+def clip_sides(log_r, ratio, A, cfg):
+    """(low, high) (B, T) bool: the tokens each side of the clip acts on. PPO's clip and GMPO's:
+    the ratio past its bound on the side the advantage favours (below with A < 0, above with
+    A > 0), where the token gets no gradient (GMPO: its log-ratio past -eps_low or eps_high).
+    CISPO: the weight clamped below or above, whatever A (the token keeps its gradient). None for
+    SAPO and KL-Cov, which do not clip. log_r, ratio (B, T) without grad; A (B, 1)."""
+    if cfg.surrogate == "cispo":
+        return ratio < 1 - cfg.clip_low, ratio > 1 + cfg.clip_high
+    if cfg.surrogate == "gmpo":
+        return (log_r < -cfg.clip_low) & (A < 0), (log_r > cfg.clip_high) & (A > 0)
+    if cfg.surrogate == "sapo" or cfg.cov == "kl":
+        return torch.zeros_like(ratio, dtype=torch.bool), torch.zeros_like(ratio, dtype=torch.bool)
+    return (ratio < 1 - cfg.clip_low) & (A < 0), (ratio > 1 + cfg.clip_high) & (A > 0)
+
+
 def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, optional):
     if logp.dim() != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
@@ -402,7 +523,8 @@ def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, o
         raise ValueError("mask has a sequence with no response tokens (|y_i| = 0)")
     if not (num_tokens > 0 and num_seqs > 0):
         raise ValueError(f"num_tokens and num_seqs must be > 0, got {num_tokens}, {num_seqs}")
-    need = {"entropy": cfg.kl_mask or cfg.entropy_coef != 0, "old_entropy": cfg.kl_mask,
+    own_top = cfg.top_entropy_frac > 0 and optional["entropy_sel"] is None  # chosen here, from H
+    need = {"entropy": cfg.kl_mask or cfg.entropy_coef != 0 or own_top, "old_entropy": cfg.kl_mask,
             "ref_logp": cfg.needs_ref, "rollout_logp": cfg.is_correction != "none",
             "cov_sel": cfg.cov != "none"}
     for name, needed in need.items():
@@ -411,12 +533,15 @@ def _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, o
 
 
 def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, entropy=None,
-                old_entropy=None, ref_logp=None, rollout_logp=None, cov_sel=None, metric_tokens=None):
+                old_entropy=None, ref_logp=None, rollout_logp=None, cov_sel=None, metric_tokens=None,
+                entropy_sel=None):
     """The loss of one micro-batch and its diagnostics.
 
     logp (B, T) with grad; old_logp, mask, entropy (with grad for an entropy bonus), old_entropy,
     ref_logp, rollout_logp (B, T); advantages (B,); cov_sel (B, T) bool, the tokens Clip-Cov or
-    KL-Cov selected (cov_select, or train.py's selection over the mini-batch). `num_tokens` /
+    KL-Cov selected (cov_select, or train.py's selection over the mini-batch); entropy_sel (B, T)
+    bool, the 80/20 rule's tokens (train.py's choice over the mini-batch; None: chosen here by
+    top_entropy_select from `entropy`, this batch taken as the whole mini-batch). `num_tokens` /
     `num_seqs` are the global counts of the whole mini-batch (all ranks and micro-batches), so
     the returned losses add up exactly across micro-batches.
 
@@ -429,7 +554,7 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
     sum over tokens of |d term / d logp_t|, normalised as the term is, so they add up alike.
     """
     optional = dict(entropy=entropy, old_entropy=old_entropy, ref_logp=ref_logp,
-                    rollout_logp=rollout_logp, cov_sel=cov_sel)
+                    rollout_logp=rollout_logp, cov_sel=cov_sel, entropy_sel=entropy_sel)
     _check_inputs(logp, old_logp, advantages, mask, cfg, num_tokens, num_seqs, optional)
     mask = mask.to(logp.dtype)
     A = advantages.to(logp.dtype)[:, None]                     # (B, 1), broadcast over tokens
@@ -445,16 +570,22 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         log_s = (log_r * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)   # (B, 1)
         clamped = (log_s.detach().abs() > MAX_LOG_RATIO).expand_as(log_r)
         ratio = torch.exp(log_s.detach().clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) + logp - logp.detach())
-    clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    if cfg.cov == "kl":  # KL-Cov: no clip; |log r| holds its selected tokens near pi_old
+    if cfg.surrogate != "clip":  # GMPO, CISPO, SAPO
+        per_token = newer_surrogate(logp, old_logp, ratio, A, mask, cfg)
+    elif cfg.cov == "kl":  # KL-Cov: no clip; |log r| holds its selected tokens near pi_old
         per_token = -ratio * A + cfg.kl_cov_coef * log_r.abs() * cov_sel.to(log_r.dtype)
     else:
+        clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
         per_token = -torch.min(ratio * A, clipped * A)
         if cfg.cov == "clip":  # Clip-Cov: the selected tokens' loss, and so gradient, is 0
             per_token = torch.where(cov_sel.bool(), 0.0, per_token)
     if cfg.is_correction != "none":  # rollout/trainer mismatch correction, a constant weight
         is_w = is_weights(old_logp, rollout_logp, mask, cfg.is_correction, cfg.is_level, cfg.is_cap)
         per_token = per_token * is_w
+    if cfg.top_entropy_frac > 0:  # the 80/20 rule: the policy term on the high-entropy tokens alone
+        if entropy_sel is None:
+            entropy_sel = top_entropy_select(entropy, mask, cfg.top_entropy_frac)
+        per_token = torch.where(entropy_sel.bool(), per_token, 0.0)  # the denominators unchanged
     pg_loss = aggregate(per_token, mask, cfg.aggregation, **agg)
     loss = pg_loss
 
@@ -490,13 +621,11 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
         token_sum = lambda x: (x.double() * mask.double()).sum() / n  # noqa: E731
         r = ratio.detach()
         big = torch.finfo(r.dtype).max
-        clips = cfg.cov != "kl"
+        low, high = clip_sides(log_r.detach(), r, A, cfg)
         metrics = {
             "loss/policy": pg_loss.detach(), "loss/kl_ref": kl_ref_loss.detach(),
             "loss/kl_mask": kl_mask_loss.detach(),
-            # The pessimistic side of the clip: these tokens get no gradient.
-            "actor/clip_frac_low": token_sum(((r < 1 - cfg.clip_low) & (A < 0) & clips).float()),
-            "actor/clip_frac_high": token_sum(((r > 1 + cfg.clip_high) & (A > 0) & clips).float()),
+            "actor/clip_frac_low": token_sum(low.float()), "actor/clip_frac_high": token_sum(high.float()),
             "actor/ratio_mean": token_sum(r),
             "actor/ratio_clamped_frac": token_sum(clamped.double()),
             "actor/ratio_min": torch.where(mask > 0, r, big).min(),
@@ -510,6 +639,8 @@ def policy_loss(logp, old_logp, advantages, mask, cfg, *, num_tokens, num_seqs, 
             metrics["loss/entropy_bonus"] = entropy_loss.detach()
         if cfg.cov != "none":
             metrics["actor/cov_selected_frac"] = token_sum(cov_sel.bool().double())
+        if cfg.top_entropy_frac > 0:
+            metrics["actor/high_entropy_frac"] = token_sum(entropy_sel.bool().double())
         if ref_logp is not None:
             metrics["actor/kl_ref"] = token_sum(kl_estimate(logp.detach(), ref_logp, cfg.kl_kind))
         if cfg.is_correction != "none":

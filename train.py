@@ -12,8 +12,8 @@ this order, taking keyword arguments and returning a record or its metrics:
   3. old_logprobs      log-probs and entropy of the policy that sampled (no grad); reference's
   4. update_policy     one optimizer step per mini-batch, accumulated over micro-batches that
                        pack each prompt once and its responses into a token budget, the loss
-                       normalised by counts summed over all ranks (Clip-Cov / KL-Cov: their
-                       tokens chosen first, over the whole mini-batch: select_cov) -> Update
+                       normalised by counts summed over all ranks (Clip-Cov / KL-Cov, the 80/20
+                       rule: their tokens chosen first, over the mini-batch: select_tokens) -> Update
   5. sync_weights      full weights from FSDP2 into the engine; then the step's record goes to
                        metrics.jsonl (and the trackers), with the held-out evaluation when due;
                        samples.jsonl and a checkpoint when due (save_or_stop)
@@ -48,8 +48,8 @@ import eval as ev
 from packing import balance_ranks, lockstep_forwards
 from checkpoint import TrainState, check_checkpoint, load_training_state, save_checkpoint, set_rng_states
 from policy import full_tensor, full_weights, load_policy
-from ranks import (all_ranks, end_distributed, global_tail, keep_largest, on_every_rank, placement,
-                   run_main, setup_distributed, tail_size)
+from ranks import (all_ranks, end_distributed, global_nth, global_tail, keep_largest, on_every_rank,
+                   placement, run_main, setup_distributed, tail_size)
 from runs import (check_resume_path, check_shared_dir, checkpoint_to_resume, cut_back_log, record_config,
                   resumed_config)
 from trackers import check_installed, open_trackers
@@ -88,7 +88,8 @@ class Sequence:
     old_logp: torch.Tensor | None = None     # (R,) pi_old's, no grad
     old_entropy: torch.Tensor | None = None  # (R,) H_old
     ref_logp: torch.Tensor | None = None     # (R,) pi_ref's, when a KL term needs them
-    cov_sel: torch.Tensor | None = None      # (R,) bool: Clip-Cov / KL-Cov's tokens (select_cov)
+    cov_sel: torch.Tensor | None = None      # (R,) bool: Clip-Cov / KL-Cov's tokens (select_tokens)
+    entropy_sel: torch.Tensor | None = None  # (R,) bool: the 80/20 rule's tokens (select_tokens)
 
 
 @dataclass
@@ -502,8 +503,8 @@ def update_policy(run, *, minibatches, step):
         loss_sum = 0.0
         in_loss = [s for s in seqs if s.in_loss]
         keys = torch.Generator().manual_seed(rollout.derive_seed(cfg.seed, step, k, run.rank))
-        if cfg.loss_cfg.cov != "none" and cfg.loss_cfg.cov_batch == "minibatch":
-            select_cov(run, in_loss, num_tokens=n.trained, keys=keys)
+        if cfg.loss_cfg.selects_over_minibatch:
+            select_tokens(run, in_loss, num_tokens=n.trained, keys=keys)
         for mb, batch, logp, ent in lockstep_forwards(run.model, in_loss, cfg=cfg, device=run.device,
                                                       with_entropy=True, grad=True):
             if k == 0:
@@ -533,12 +534,12 @@ def micro_batch_loss(cfg, batch, logp, entropy, *, counts, keys):
     lcfg = cfg.loss_cfg
     if lcfg.cov != "none" and lcfg.cov_batch == "microbatch":
         batch["cov_sel"] = tepo.cov_select(logp, batch["old_logp"], batch["adv"], batch["mask"],
-                                           lcfg, cov_keys(batch["mask"].shape, keys))
-    return tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], lcfg,
-                            num_tokens=counts.tokens, num_seqs=counts.seqs,
-                            metric_tokens=counts.trained, entropy=entropy,
+                                           lcfg, tepo.cov_keys(batch["mask"].shape, keys))
+    return tepo.policy_loss(logp, batch["old_logp"], batch["adv"], batch["mask"], lcfg, entropy=entropy,
+                            num_tokens=counts.tokens, num_seqs=counts.seqs, metric_tokens=counts.trained,
                             old_entropy=batch["old_entropy"], ref_logp=batch.get("ref_logp"),
-                            rollout_logp=batch["rollout_logp"], cov_sel=batch.get("cov_sel"))
+                            rollout_logp=batch["rollout_logp"], cov_sel=batch.get("cov_sel"),
+                            entropy_sel=batch.get("entropy_sel"))
 
 
 def clip_and_step(run, loss_sum):
@@ -599,22 +600,29 @@ def log_ratio_tail(top, n):
 
 
 @torch.no_grad()
-def select_cov(run, seqs, *, num_tokens, keys):
-    """Clip-Cov / KL-Cov's tokens of one mini-batch (s.cov_sel), chosen over all its trained
-    tokens on all ranks (`cov_batch: minibatch`), so the choice does not depend on how the batch
-    is cut: the policy's current log-probs from a forward without grad (the cost of these methods:
-    one more forward pass per step), then choose_cov. `num_tokens`: the mini-batch's trained
-    tokens over all ranks; `keys`: this rank's generator of the random keys. A collective."""
-    current = {}
-    for mb, _, logp, _ in lockstep_forwards(run.model, seqs, cfg=run.cfg, device=run.device,
-                                            with_entropy=False):
-        for b, s in enumerate(mb):
-            current[id(s)] = logp[b, :len(s.resp)].cpu()
-    # The first mini-batch has no old log-probs yet (keep_as_old): there theta = theta_old, r = 1.
-    items = [(current[id(s)], current[id(s)] if s.old_logp is None else s.old_logp.cpu(), s.adv)
-             for s in seqs]
-    for s, sel in zip(seqs, choose_cov(items, run.cfg.loss_cfg, num_tokens, keys)):
-        s.cov_sel = sel
+def select_tokens(run, seqs, *, num_tokens, keys):
+    """The tokens of one mini-batch chosen over its trained tokens (`num_tokens`) on all ranks, so
+    that the choice does not depend on how the batch is cut: Clip-Cov / KL-Cov's (s.cov_sel:
+    choose_cov; `keys`, this rank's generator) and the 80/20 rule's (s.entropy_sel:
+    tepo.top_entropy_select), from the current policy's log-probs and entropy in a forward without
+    grad (their cost: one more forward pass per mini-batch). A collective."""
+    lcfg, current = run.cfg.loss_cfg, {}
+    for mb, _, logp, ent in lockstep_forwards(run.model, seqs, cfg=run.cfg, device=run.device,
+                                              with_entropy=lcfg.top_entropy_frac > 0):
+        for b, s in enumerate(mb):  # (logp (R,), entropy (R,) or None)
+            current[id(s)] = [x if x is None else x[b, :len(s.resp)].cpu() for x in (logp, ent)]
+    if lcfg.cov != "none" and lcfg.cov_batch == "minibatch":
+        # The first mini-batch has no old log-probs yet (keep_as_old): there theta = theta_old, r = 1.
+        items = [(current[id(s)][0], current[id(s)][0] if s.old_logp is None else s.old_logp.cpu(), s.adv)
+                 for s in seqs]
+        for s, sel in zip(seqs, choose_cov(items, lcfg, num_tokens, keys)):
+            s.cov_sel = sel
+    if lcfg.top_entropy_frac > 0:
+        H = torch.cat([current[id(s)][1] for s in seqs] or [torch.zeros(0)])[:, None]      # (N, 1)
+        sel = tepo.top_entropy_select(H, torch.ones_like(H), lcfg.top_entropy_frac, num_tokens=num_tokens,
+                                      nth=global_nth)
+        for s, x in zip(seqs, sel[:, 0].split([len(s.resp) for s in seqs])):
+            s.entropy_sel = x
 
 
 def choose_cov(items, lcfg, num_tokens, keys):
@@ -628,23 +636,13 @@ def choose_cov(items, lcfg, num_tokens, keys):
     adv = torch.tensor([a for (lp, _, a) in items for _ in range(len(lp))], dtype=torch.float64)
     total = all_ranks({"logp": logp.sum(), "adv": adv.sum(), "n": len(adv)})
     n = tepo.cov_count(num_tokens, lcfg)
-    key = cov_keys(logp.shape, keys)
+    key = tepo.cov_keys(logp.shape, keys)
     score, eligible, _ = tepo.cov_scores(logp, old, adv, torch.ones_like(logp), lcfg, key,
                                          mean_logp=total["logp"] / max(total["n"], 1),
                                          mean_adv=total["adv"] / max(total["n"], 1))
-    tops = [None] * dist.get_world_size()
-    dist.all_gather_object(tops, tepo.top_pairs(score, key, eligible, n).tolist())
-    pairs = sorted((tuple(p) for top in tops for p in top), reverse=True)  # (score, key), largest first
-    if len(pairs) < n:  # fewer candidates than n over all ranks: all of them
-        return list(eligible[:, 0].split(lens))
-    sel = tepo.at_or_above(score, key, eligible, torch.tensor(pairs[n - 1], dtype=torch.float64))
+    nth = global_nth(tepo.top_pairs(score, key, eligible, n), n)
+    sel = eligible if nth is None else tepo.at_or_above(score, key, eligible, nth)  # None: all of them
     return list(sel[:, 0].split(lens))
-
-
-def cov_keys(shape, generator):
-    """Uniform random keys (float64, so no two alike) that rank Clip-Cov's candidates and break
-    KL-Cov's ties."""
-    return torch.rand(shape, generator=generator, dtype=torch.float64)
 
 
 # ----------------------------------------------------------------------------- 5. sync and log

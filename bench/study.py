@@ -16,7 +16,8 @@ with its own metrics.jsonl. Variants change only the loss (VARIANTS), so every o
 prompts and samples per RL step; the seed sets the data order and the sampling, so two variants
 with the same seed see the same prompts (the effects below are paired by seed). DAPO keeps its
 dynamic-sampling filter but draws no extra prompts (max_sampling_tries=1); `dapo-redraw`, opt-in,
-is DAPO drawing again like the rest where a study gives every variant dynamic sampling. The optimizer steps are
+is DAPO drawing again like the rest where a study gives every variant dynamic sampling. `gmpo`,
+`cispo`, `sapo` and `dapo-8020` (DAPO with the 80/20 rule), the newer losses, are opt-in too. The optimizer steps are
 NOT equal: train.py skips a mini-batch with no trained token (every group in it all right or all
 wrong), which DAPO's filter leaves only in a step that keeps no group and GRPO's KL-to-reference
 term (it trains every response) never; so the report measures each variant's budget
@@ -88,8 +89,13 @@ VARIANTS = {  # name -> train.py overrides
     # config.py's 3 unless --set), for a study that gives every variant dynamic sampling (the mask
     # study): there every variant draws alike. Run only when named (--variants): the loss studies ran `dapo`.
     "dapo-redraw": ["method=dapo"],
+    # The losses that followed (NEWER_BASELINES.md), with their presets, and the 80/20 rule on DAPO
+    # (the paper's pairing, its top 20% of tokens by entropy; one draw, as `dapo`). Run only when
+    # named: the studies before them ran without.
+    "gmpo": ["method=gmpo"], "cispo": ["method=cispo"], "sapo": ["method=sapo"],
+    "dapo-8020": ["method=dapo", "max_sampling_tries=1", "loss.top_entropy_frac=0.2"],
 }
-OPT_IN = {"dapo-redraw"}  # variants `run` makes only when --variants names them
+OPT_IN = {"dapo-redraw", "gmpo", "cispo", "sapo", "dapo-8020"}  # variants `run` makes only when --variants names them
 CONFIG = os.path.join(ROOT, "configs", "study.yaml")
 # --smoke: what CI can afford; the defaults of `run` are the study's.
 SMOKE = dict(seeds=[0], steps=2, variants=["grpo", "tepo"], pretrain_steps=4, base_eval=16,

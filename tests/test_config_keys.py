@@ -93,6 +93,10 @@ FREE_UNLESS_CASES = [
     ("loss.clip_low", 0.1, ["method=klcov"], ["method=clipcov"]),
     ("loss.clip_high", 0.1, ["method=klcov"], ["method=dapo"]),
     ("loss.max_new_tokens", 2048, ["method=grpo"], ["method=drgrpo"]),
+    ("loss.clip_low", 0.1, ["method=sapo"], ["method=gmpo"]),
+    ("loss.clip_high", 0.1, ["method=sapo"], ["method=cispo"]),
+    ("loss.sapo_tau_pos", 2.0, ["method=grpo"], ["method=sapo"]),
+    ("loss.sapo_tau_neg", 2.0, ["method=cispo", "loss.top_entropy_frac=0.2"], ["method=sapo"]),
 ]
 
 

@@ -175,10 +175,18 @@ def test_cov_settings_are_checked():
 
 # ----------------------------------------------------------------------------- over the ranks
 
+def token_entropy(i):
+    """Response i's token entropies (3 + i % 6 of them) in SCRIPT and its reference; response 11's
+    are response 5's (both of 8 tokens): equal entropies, on other ranks."""
+    j = 5 if i == 11 else i
+    return 2 * torch.rand(3 + j % 6, generator=torch.Generator().manual_seed(50 + j), dtype=torch.float64)
+
+
 SCRIPT = r'''
-import json, sys, torch, torch.distributed as dist
-sys.path.insert(0, ROOT)
+import json, os, sys, torch, torch.distributed as dist
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 import ranks, tepo, train
+from test_cov_losses import token_entropy
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 g = torch.Generator().manual_seed(7)
@@ -186,20 +194,29 @@ items = []
 for i in range(12):                      # 12 responses of 3-8 tokens
     lp = -3 * torch.rand(3 + i % 6, generator=g)
     items.append((lp, lp + 0.05 * torch.randn(len(lp), generator=g), float(2 * torch.randn(1, generator=g))))
-# rank 0 holds 3 responses (which hold 5 of the 6 largest covariances, see the test), rank 1 the rest
-idx = list(range(12)) if world == 1 else [7, 10, 11] if rank == 0 else [0, 1, 2, 3, 4, 5, 6, 8, 9]
+# on 2 ranks rank 0 holds 3 responses (which hold 5 of the 6 largest covariances, see the test),
+# rank 1 the rest; on 8 they are dealt unevenly, rank 3 holding none
+idx = {1: [list(range(12))], 2: [[7, 10, 11], [0, 1, 2, 3, 4, 5, 6, 8, 9]],
+       8: [[7, 10], [0], [1, 2], [], [3, 4, 5], [6], [8, 9], [11]]}[world][rank]
 mine = [items[i] for i in idx]
 # Each token's random key fixed by the token (not by the rank that holds it), so that Clip-Cov's
 # draw over two ranks can be compared with one process's, token for token.
 gk = torch.Generator().manual_seed(11)
 token_keys = [torch.rand(len(lp), generator=gk, dtype=torch.float64) for lp, _, _ in items]
-train.cov_keys = lambda shape, generator: torch.cat([token_keys[i] for i in idx])[:, None]
+tepo.cov_keys = lambda shape, generator: torch.cat([token_keys[i] for i in idx] or [torch.zeros(0)])[:, None]
 out = {}
 for method, extra in (("klcov", {"cov_ratio": 0.1}), ("clipcov", {"cov_ratio": 0.1, "cov_lb": 0.05, "cov_ub": 3.0})):
     cfg = tepo.LossConfig.preset(method, **extra)
     keys = torch.Generator().manual_seed(100 + rank)
     sel = train.choose_cov(mine, cfg, sum(len(lp) for lp, _, _ in items), keys)
     out[method] = {idx[j]: s.nonzero()[:, 0].tolist() for j, s in enumerate(sel)}
+# The 80/20 rule's choice as train.select_tokens makes it: the tokens' entropies (response 11's
+# those of response 5: equal entropies, on other ranks), the 0.75-quantile over all ranks' tokens.
+H = torch.cat([token_entropy(i) for i in idx] or [torch.zeros(0, dtype=torch.float64)])[:, None]
+sel = tepo.top_entropy_select(H, torch.ones_like(H), 0.25, num_tokens=sum(len(lp) for lp, _, _ in items),
+                              nth=ranks.global_nth)
+sel = sel[:, 0].split([len(items[i][0]) for i in idx])
+out["top_entropy"] = {i: s.nonzero()[:, 0].tolist() for i, s in zip(idx, sel)}
 parts = [None] * world
 dist.all_gather_object(parts, out)
 if rank == 0:
@@ -209,14 +226,14 @@ ranks.end_distributed()  # not a bare destroy_process_group: gloo's threads may 
 
 
 def selections(tmp_path, nproc, monkeypatch, capsys):
-    """SCRIPT's selections: on 2 ranks under torchrun; on one, in this process (its patch of
-    train.cov_keys undone after the test)."""
+    """SCRIPT's selections: on 2 or 8 ranks under torchrun; on one, in this process (its patch of
+    tepo.cov_keys undone after the test)."""
     if nproc == 1:
         from conftest import free_port
         for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(free_port())).items():
             monkeypatch.setenv(key, value)
-        monkeypatch.setattr(train, "cov_keys", train.cov_keys)
+        monkeypatch.setattr(tepo, "cov_keys", tepo.cov_keys)
         capsys.readouterr()
         exec(compile(f"ROOT = {ROOT!r}\n" + SCRIPT, "cov.py", "exec"), {})
         stdout = capsys.readouterr().out
@@ -242,7 +259,8 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeyp
     ranks is exactly one process's, and the reference's on the whole batch; per rank (each its own
     means and its own n = max(1, 10% of its tokens)) it would not be. Clip-Cov draws n = 6 tokens
     from the whole mini-batch's candidates over two ranks as over one: with each token's random key
-    fixed, the same 6, the candidates with the largest keys."""
+    fixed, the same 6, the candidates with the largest keys. The 80/20 rule keeps the same tokens
+    over two ranks as over one, the quantile rule's on the whole mini-batch, not each rank's own."""
     one, two = selections(tmp_path, 1, monkeypatch, capsys), selections(tmp_path, 2, monkeypatch, capsys)
     g = torch.Generator().manual_seed(7)
     items = []
@@ -282,11 +300,34 @@ def test_the_selection_over_two_ranks_is_the_whole_mini_batchs(tmp_path, monkeyp
         k = max(1, int(0.1 * mask[rows].sum()))
         per_rank |= set(sorted(own, key=lambda it: token_keys[it[0]][it[1]].item(), reverse=True)[:k])
     assert per_rank != drawn
+    # the 80/20 rule over two ranks as over one: the quantile rule on the whole mini-batch, not per rank
+    assert one["top_entropy"] == two["top_entropy"] == top_entropy_reference(range(12))
+    assert top_entropy_reference([7, 10, 11]) | top_entropy_reference([0, 1, 2, 3, 4, 5, 6, 8, 9]) != \
+        one["top_entropy"]
+
+
+def top_entropy_reference(rows):
+    """The tokens (i, t) of responses `rows` whose token_entropy is at or above torch.quantile of
+    all of theirs at 0.75 (top_entropy_frac 0.25)."""
+    q = torch.quantile(torch.cat([token_entropy(i) for i in rows]), 0.75).item()
+    return {(i, t) for i in rows for t, h in enumerate(token_entropy(i).tolist()) if h >= q}
+
+
+@pytest.mark.slow
+def test_the_selections_over_eight_ranks_are_one_processs(tmp_path, monkeypatch, capsys):
+    """SCRIPT on 8 ranks, the 12 responses dealt unevenly (rank 3 holds none, response 5 and its
+    equal-entropy copy 11 on other ranks): KL-Cov's, Clip-Cov's (each token's key fixed) and the
+    80/20 rule's choices are exactly those of one process, and the 80/20 rule's is the quantile
+    rule on the whole mini-batch."""
+    one, eight = selections(tmp_path, 1, monkeypatch, capsys), selections(tmp_path, 8, monkeypatch, capsys)
+    assert one == eight
+    assert eight["klcov"] and eight["clipcov"]
+    assert eight["top_entropy"] == top_entropy_reference(range(12))
 
 
 def test_every_preset_is_in_the_readmes_losses_table():
     """README's "The losses in one screen": a row per method, with its preset's ratio, clip range
-    (KL-Cov: none) and aggregation."""
+    (KL-Cov, SAPO: none) and aggregation."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     table = text.split("## The losses in one screen", 1)[1].split("\n\n## ", 1)[0]
     rows = {}
@@ -298,6 +339,6 @@ def test_every_preset_is_in_the_readmes_losses_table():
     for method, (_, ratio, clip, aggregation, _) in rows.items():
         cfg = LossConfig.preset(method, max_new_tokens=9)
         assert ratio.split()[0] == cfg.ratio, method
-        want = "none" if cfg.cov == "kl" else [cfg.clip_low, cfg.clip_high]
+        want = "none" if cfg.cov == "kl" or cfg.surrogate == "sapo" else [cfg.clip_low, cfg.clip_high]
         assert (clip if clip == "none" else [float(x) for x in clip.split(" / ")]) == want, method
         assert aggregation == cfg.aggregation, method

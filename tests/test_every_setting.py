@@ -6,7 +6,8 @@ moved, and the key's own footprint in metrics.jsonl where it has one.
 
 Where each key's other values run (so that a value missing here is not a value untrained):
 method tepo everywhere, grpo (tests/test_train_invariants.py), dapo, klcov (tests/test_gpu_configs.py),
-gspo (tests/test_bf16.py), clipcov (tests/test_train_e2e.py); backend vllm, train_dtype and dtype
+gspo (tests/test_bf16.py), clipcov (tests/test_train_e2e.py), gmpo, cispo, sapo here (and with them
+every loss.surrogate); backend vllm, train_dtype and dtype
 bfloat16, activation_checkpointing (tests/test_bf16.py); loggers (tests/test_trackers.py); a
 reward of one's own (tests/test_custom_reward.py); kl_mask_target ref and the old log-probs of
 later mini-batches (tests/test_train_steps.py). Not runnable on a CPU: packed_attention flex (the
@@ -47,6 +48,13 @@ SETTINGS = {
     # DAPO's pieces set by hand on another method; a failed call's reward named
     "grpo-dapo-parts": dict(method="grpo", dynamic_sampling=True, max_sampling_tries=2, wrong_reward=-0.5,
                             overlong_buffer=8, overlong_factor=2.0, failed_reward=-1.0),
+    # the newer losses (GMPO; SAPO with temperatures of its own) and the 80/20 rule: on CISPO, and
+    # on Clip-Cov over every response token (both choices from one selection pass)
+    "gmpo": dict(method="gmpo"),
+    "sapo-taus": dict(method="sapo", loss={"sapo_tau_pos": 2.0, "sapo_tau_neg": 3.0}),
+    "cispo-top-entropy": dict(method="cispo", loss={"top_entropy_frac": 0.2}),
+    "clipcov-all-top-entropy": dict(method="clipcov", loss={"top_entropy_frac": 0.5, "cov_tokens": "all",
+                                                            "cov_lb": 0.0, "cov_ub": 100.0}),
     # the rollout in float16
     "tepo-float16": dict(dtype="float16"),
     # the real graders, each alone (the boxed model answers 7 or 8: right about half the time)
@@ -90,6 +98,8 @@ def test_the_setting_trains(train_here, tiny_model_dir, boxed_model, tmp_path, n
         assert all("actor/cov_selected_frac" in r for r in trained)
     if lcfg.entropy_coef:
         assert all(r["loss/entropy_bonus"] < 0 for r in trained)
+    if lcfg.top_entropy_frac:  # the share kept: about the key's, of the trained tokens
+        assert all(0 < r["actor/high_entropy_frac"] <= lcfg.top_entropy_frac + 0.1 for r in trained)
     if lcfg.kl_coef:
         assert all("actor/kl_ref" in r for r in trained)
     if not cfg.full_batch_metrics:

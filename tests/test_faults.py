@@ -56,6 +56,8 @@ def test_a_wrong_type_for_any_key_names_the_key(field):
     ("betas=[0.9, 1.5]", "betas must be two numbers"), ("max_reward_errors=2", "max_reward_errors must be in"),
     ("reward_timeout=0", "reward_timeout must be > 0"), ("backend=sglang", "backend must be one of"),
     ("loss.clip_low=2", "clip range"), ("method=ppo", "unknown method"),
+    ("loss.top_entropy_frac=1.5", r"top_entropy_frac must lie in \[0, 1\]"),
+    ("loss.surrogate=ppo", "unknown surrogate 'ppo'"), ("loss.sapo_tau_neg=0", "sapo_tau_neg must be > 0"),
     ("loggers=[jsonl, mlflow]", "loggers takes jsonl, tensorboard and wandb, not 'mlflow'"),
     ("learning_rate=1", r"unknown config key\(s\) \['learning_rate'\]")])
 def test_out_of_range_values_are_named(setting, message):

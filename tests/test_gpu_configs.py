@@ -29,9 +29,10 @@ from qwen_math import DATA_DIR, ROOT, TOKENIZER_DIR, make_qwen_math_model, need_
 # One config per loss family trains here: grpo (token ratio, the reference model and its KL term),
 # dapo (dynamic sampling, overlong shaping, the +1/-1 rewards), klcov (the
 # covariance selection over the mini-batch, from its extra forward pass); tepo (sequence ratio, the
-# KL mask) with vLLM on 2 ranks in tests/test_paper_path.py. drgrpo, gspo and clipcov differ from
-# these only inside tepo.policy_loss, checked token by token in tests/test_tepo.py and
-# tests/test_cov_losses.py and trained through train.py in tests/test_every_setting.py.
+# KL mask) with vLLM on 2 ranks in tests/test_paper_path.py. drgrpo, gspo, clipcov, gmpo, cispo and
+# sapo differ from these only inside tepo.policy_loss, checked token by token in tests/test_tepo.py,
+# tests/test_cov_losses.py and tests/test_newer_losses.py and trained through train.py in
+# tests/test_every_setting.py.
 RUN = ("grpo", "dapo", "klcov")
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "math1.5b-*.yaml")))
 # The sizes: 2 prompts x 8 samples per step (one prompt per rank), responses of at most 24

@@ -491,6 +491,31 @@ def test_dapo_redraw_keeps_the_studys_draws_and_is_run_only_when_named(monkeypat
     assert seen["variants"] == ["dapo-redraw"]
 
 
+def test_the_newer_losses_are_variants_run_only_when_named(monkeypatch):
+    """gmpo, cispo, sapo (their presets) and dapo-8020 (DAPO's one draw, as `dapo`, with the 80/20
+    rule's 0.2) are variants, and `run` makes them only when named: the default list, and so the
+    studies' commands and results, are what they were."""
+    from config import load_config
+    assert [v for v in study.VARIANTS if v not in study.OPT_IN] == [
+        "grpo", "drgrpo", "dapo", "gspo", "tepo", "tepo-nomask", "clipcov", "klcov", "grpo-ent"]
+    settings = {"steps": 50, "set": ["eval_max_problems=200"], "config": "configs/study.yaml", "nproc": 1}
+    for v, method, frac in (("gmpo", "gmpo", 0.0), ("cispo", "cispo", 0.0), ("sapo", "sapo", 0.0),
+                            ("dapo-8020", "dapo", 0.2)):
+        cmd = study.train_cmd("/o", v, 0, settings)
+        cfg = load_config(os.path.join(ROOT, "configs", "study.yaml"), [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
+        assert (cfg.method, cfg.loss_cfg.top_entropy_frac) == (method, frac), v
+        assert cfg.loss_cfg == load_config(None, ["model=m", "train_data=d", f"method={method}", "max_new_tokens=128",
+                                                  f"loss.top_entropy_frac={frac}"]).loss_cfg, v
+    assert load_config(os.path.join(ROOT, "configs", "study.yaml"),
+                       [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]).max_sampling_tries == 1
+    seen = {}
+    monkeypatch.setattr(study, "cmd_run", lambda args: seen.update(variants=args.variants))
+    study.main(["run", "--out", "/nonexistent"])
+    assert not {"gmpo", "cispo", "sapo", "dapo-8020"} & set(seen["variants"])
+    study.main(["run", "--out", "/nonexistent", "--variants", "gmpo", "cispo", "sapo", "dapo-8020"])
+    assert seen["variants"] == ["gmpo", "cispo", "sapo", "dapo-8020"]
+
+
 # The runner is under test, not the engine: transformers' generate starts in a fraction of vLLM's
 # time (vLLM's sampling is tested by tests/test_rollout.py and the two-rank runs).
 SMOKE_RUN = ("--smoke", "--set", "backend=hf")

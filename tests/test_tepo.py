@@ -156,18 +156,35 @@ def reference_loss(logp, old, adv, mask, cfg, N, L, entropy=None, old_entropy=No
             return min(w, cfg.is_cap)
         return w if 1 / cfg.is_cap <= w <= cfg.is_cap else 0.0
 
+    def gmpo_rho(i):  # NEWER_BASELINES.md: each token's log-ratio clipped the way A_i's sign favours
+        sgn = (adv[i] > 0) - (adv[i] < 0)
+        d = [sgn * min(sgn * x, sgn * max(-cfg.clip_low, min(cfg.clip_high, x)))
+             for x in (logp[i][t] - old[i][t] for t in range(T))]
+        return math.exp(clamp(sum(mask[i][t] * d[t] for t in range(T)) / lens[i]))
+
     pg = [[0.0] * T for _ in range(B)]
     for i in range(B):
         for t in range(T):
             rho = math.exp(clamp(logp[i][t] - old[i][t])) if cfg.ratio == "token" else s[i]
             clipped = min(max(rho, 1 - cfg.clip_low), 1 + cfg.clip_high)
             pg[i][t] = -min(rho * adv[i], clipped * adv[i])
+            if cfg.surrogate == "gmpo":                    # -A_i rho_i on each token
+                pg[i][t] = -adv[i] * gmpo_rho(i)
+            if cfg.surrogate == "cispo":                   # the clipped ratio as a weight on logp
+                pg[i][t] = -clipped * adv[i] * logp[i][t]
+            if cfg.surrogate == "sapo":                    # the gate sigmoid(tau (r - 1)) 4 / tau
+                tau = cfg.sapo_tau_pos if adv[i] > 0 else cfg.sapo_tau_neg
+                pg[i][t] = -adv[i] * 4 / tau / (1 + math.exp(-tau * (rho - 1)))
             if cfg.cov == "clip" and sel[i][t]:            # Clip-Cov: no gradient, no loss
                 pg[i][t] = 0.0
             if cfg.cov == "kl":                            # KL-Cov: no clip, |log r| if selected
                 pg[i][t] = -rho * adv[i] + cfg.kl_cov_coef * abs(logp[i][t] - old[i][t]) * sel[i][t]
             if cfg.is_correction != "none":
                 pg[i][t] *= is_weight(i, t)
+    if cfg.top_entropy_frac:  # the 80/20 rule: H at or above its (1 - frac)-quantile, else 0
+        q = torch.quantile(torch.tensor([entropy[i][t] for i in range(B) for t in range(T) if mask[i][t]],
+                                        dtype=torch.float64), 1 - cfg.top_entropy_frac).item()
+        pg = [[pg[i][t] * (entropy[i][t] >= q) for t in range(T)] for i in range(B)]
     loss = agg(pg, mask)
     if cfg.kl_coef > 0:
         loss += cfg.kl_coef * agg([[k3(logp[i][t], ref[i][t]) for t in range(T)]
@@ -220,11 +237,21 @@ CONFIGS = [LossConfig.preset(m, max_new_tokens=9) for m in METHODS] + [
     LossConfig.preset("gspo", is_correction="tis", is_level="sequence", is_cap=1.2),
     LossConfig.preset("dapo", is_correction="mask", is_cap=1.1),
     LossConfig.preset("tepo", is_correction="mask", is_level="sequence", is_cap=1.3),
+    # the 80/20 rule on methods of each kind of policy term (the selection made by policy_loss
+    # within the batch, as no entropy_sel is given; 45 tokens: the 0.8-quantile between two)
+    LossConfig.preset("dapo", top_entropy_frac=0.2),
+    LossConfig.preset("tepo", top_entropy_frac=0.2, entropy_coef=0.01),
+    LossConfig.preset("grpo", top_entropy_frac=0.5, is_correction="tis"),
+    LossConfig.preset("gmpo", top_entropy_frac=0.2),
+    LossConfig.preset("cispo", top_entropy_frac=0.3, aggregation="seq-mean-token-mean"),
+    LossConfig.preset("sapo", top_entropy_frac=0.2, sapo_tau_pos=2.0, sapo_tau_neg=0.5),
+    LossConfig.preset("gmpo", clip_low=0.1, clip_high=0.2, aggregation="token-mean"),
+    LossConfig.preset("cispo", clip_low=0.2, clip_high=0.28, is_correction="mask", is_cap=1.1),
 ]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.method}-{c.aggregation}-{c.is_correction}"
-                                                       f"-{c.is_level}")
+                                                       f"-{c.is_level}-{c.top_entropy_frac}")
 @pytest.mark.parametrize("spread", [0.0005, 0.3])
 def test_loss_matches_per_token_reference(cfg, spread):
     d = make_batch(seed=3, spread=spread)

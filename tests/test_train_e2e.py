@@ -202,6 +202,19 @@ def test_the_cov_selection_is_the_mini_batchs_whatever_the_micro_batches(train_h
     assert first.get("loss/entropy_bonus", -1) < 0
 
 
+def test_the_8020_choice_is_the_mini_batchs_whatever_the_micro_batches(train_here):
+    """The 80/20 rule, beside Clip-Cov's choice from the same selection pass: one sequence per
+    micro-batch or all in one keep the same tokens, so the update and every metric agree (each
+    micro-batch keeping its own top share would keep others, and more: at least one of each)."""
+    keys = ("loss/policy", "actor/grad_norm", "actor/entropy", "actor/high_entropy_frac",
+            "actor/cov_selected_frac", "reward/mean")
+    rows = same_update_for_any_micro_batch(train_here, keys, steps=2, num_minibatches=2, lr=1e-4,
+                                           method="clipcov", loss={"top_entropy_frac": 0.3, "cov_ratio": 0.05,
+                                                                   "cov_lb": 0.0, "cov_ub": 100.0})
+    first = rows[1]
+    assert first["actor/grad_norm"] > 0 and 0 < first["actor/high_entropy_frac"] < 0.4
+
+
 def test_cov_batch_microbatch_selects_within_each_micro_batch(train_here):
     """KL-Cov with `cov_batch: microbatch` (verl's): with the whole mini-batch in one micro-batch
     it selects what `minibatch` selects (same means, same count, same ranking), so every metric

@@ -210,15 +210,18 @@ def test_two_ranks_sequence_mean_equals_the_whole_batch_reference(tmp_path, tiny
 
 @pytest.mark.slow
 def test_the_covariance_methods_select_over_both_ranks(tmp_path, tiny_model_dir):
-    """KL-Cov on 2 FSDP2 ranks, 2 mini-batches a step (so the second one's |log r| is not 0): the
-    selection's extra forward (select_cov, a lock-step collective) and its choice over both ranks'
-    tokens (choose_cov's gathers) run inside the update on every rank alike, and select tokens."""
+    """KL-Cov with the 80/20 rule on 2 FSDP2 ranks, 2 mini-batches a step (so the second one's
+    |log r| is not 0): the selection's extra forward (select_tokens, a lock-step collective) and
+    both choices over both ranks' tokens (choose_cov's gathers, ranks.global_nth) run inside the
+    update on every rank alike, and select tokens."""
     _, out, _ = launch(tmp_path, tiny_model_dir, "klcov2", ["--toy-reward"], nproc=2, method="klcov",
-                       steps=2, prompts_per_step=4, group_size=4, num_minibatches=2)
+                       steps=2, prompts_per_step=4, group_size=4, num_minibatches=2,
+                       loss={"top_entropy_frac": 0.3})
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["actor/optimizer_steps"] == 2 and r["actor/cov_selected_frac"] > 0
+        assert 0 < r["actor/high_entropy_frac"] < 0.4
         assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
 
 
