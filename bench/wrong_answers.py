@@ -229,9 +229,11 @@ def mutations(gold):
             a, b = sorted(int(i) for i in x)
             if a != b:
                 out += [("interval", f"[{a}, {b}]"), ("interval", f"({a}, {b})")]
-            for x, y in ((a, b), (b, a)):  # 3, 7 -> `3,007`; 0, 1 -> `1,000`; 0, 2 -> `2,000`
-                if 0 < x < 1000 and 0 <= y < 100:
-                    out.append(("as_number", f"{x},{y:03d}"))
+            for u, v in ((a, b), (b, a)):  # 3, 7 -> `3,007`; 0, 1 -> `1,000`; 0, 2 -> `2,000`
+                if 0 < u < 1000 and 0 <= v < 100:
+                    out.append(("as_number", f"{u},{v:03d}"))
+        if len(x) > 2 and all(_INT.fullmatch(i) for i in x[:2]) and 0 < int(x[0]) < 1000 and 0 <= int(x[1]) < 100:
+            out.append(("as_number", f"{x[0]},{int(x[1]):03d} \\text{{ and }} " + ", ".join(x[2:])))  # 3,007 and 5
     elif form == "tuple":
         if x != x[::-1]:
             out.append(("reversed", "(" + ", ".join(x[::-1]) + ")"))
@@ -248,8 +250,7 @@ def mutations(gold):
             out.append(("bracket", f"{left}{a}, {b}{flip[right]}"))
         for name, w in _number_mutations(b)[:1]:
             out.append((name, f"{left}{a}, {w}{right}"))
-        if "infty" not in a + b:
-            out += [("endpoints", f"{a}, {b}"), ("endpoints", f"\\{{{a}, {b}\\}}")]
+        out += [("endpoints", f"{a}, {b}")] + ([("endpoints", f"\\{{{a}, {b}\\}}")] if "infty" not in a + b else [])
     return [(name, w) for name, w in dict.fromkeys(out) if w.strip() and w.strip() != gold.strip()]
 
 
@@ -269,11 +270,17 @@ def responses(gold, wrong, rng):
     out = [("box", f"{_WORK}\n\nTherefore, the final answer is $\\boxed{{{wrong}}}$."),
            ("reject", f"{_WORK} Trying $n = \\boxed{{{gold}}}$: {why}. So the answer is $\\boxed{{{wrong}}}$."),
            ("reject", f"{_WORK} So $x_1 = \\boxed{{{gold}}}$, {why}. Hence $x_2 = \\boxed{{{wrong}}}$."),
+           ("reject", f"{_WORK} Trying $n=\\boxed{{{gold}}}$: in (a) {why}, so the answer is $\\boxed{{{wrong}}}$."),
+           ("reject", f"{_WORK} Substituting $x = \\boxed{{{gold}}}$ in (ii), {why}, so $x = \\boxed{{{wrong}}}$."),
+           ("reject", f"{_WORK}\n(1) Solving gives $x = \\boxed{{{gold}}}$.\n(2) But {why}, so we take $x = \\boxed{{{wrong}}}$."),
            ("unboxed", f"{_WORK}\n\nThe answer is ${wrong}$."),
            ("hedge", f"{_WORK} The answer is $\\boxed{{{gold}}}$ or $\\boxed{{{wrong}}}$."),
            ("hedge", f"{_WORK} The answer is $\\boxed{{{wrong}}}$ or $\\boxed{{{gold}}}$."),
            ("hedge", f"{_WORK} The answer is $\\boxed{{{gold} \\text{{ or }} {wrong}}}$."),
-           ("hedge", f"{_WORK} The answer is ${wrong}$ or ${gold}$.")]
+           ("hedge", f"{_WORK} The answer is ${wrong}$ or ${gold}$."),
+           ("hedge", f"{_WORK} The answer is $\\boxed{{{gold} \\;\\mathrm{{or}}\\; {wrong}}}$."),
+           ("hedge", f"{_WORK} The answer is \\({gold}\\) or \\({wrong}\\)."),
+           ("hedge", f"{_WORK} The answer is\n\\[{wrong}\\]\nor\n\\[{gold}\\]")]
     return out
 
 
@@ -293,7 +300,9 @@ def item_rejections(gold, rng):
                 ("reject_item", f"{_WORK}\n(a) We find $\\boxed{{{items[i]}}}$, {why}.\n(b) Then $\\boxed{{{rest}}}$."),
                 ("reject_after", f"{_WORK} So " + " and ".join(f"$x = \\boxed{{{x}}}$" for x in items)
                  + f", {why} for $x = {items[i]}$."),
-                ("reject_after", f"{_WORK} So $x = \\boxed{{{', '.join(items)}}}$. But $x = {items[i]}$: {why}.")]
+                ("reject_after", f"{_WORK} So $x = \\boxed{{{', '.join(items)}}}$. But $x = {items[i]}$: {why}."),
+                ("reject_after", f"{_WORK} So " + ", ".join(f"$x_{k + 1} = \\boxed{{{x}}}$" for k, x in enumerate(items))
+                 + f".\n\nBut {why} for $x = {items[i]}$, so only the others remain.")]
     return out
 
 
