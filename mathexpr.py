@@ -500,6 +500,8 @@ _UNITS = {"cm", "mm", "km", "nm", "kg", "mg", "ml", "ft", "in", "yd", "mi", "hr"
           "mph", "kmh", "kph", "mol", "rad", "deg", "sq", "eV", "kJ", "kW", "Hz", "Pa",
           "m", "s", "g", "h", "l", "K", "J", "W", "N", "V"}  # single letters only inside `m/s`
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# digits in groups of three with a group that starts with 0 or a decimal part: one number, in a list too
+_PADDED = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})*(?:,0\d\d(?:,\d{3})*(?:\.\d+)?|,\d{3}\.\d+)(?!\d)(?!,\d{3}(?!\d))")
 _SIMPLE_LHS = re.compile(r"(?:\\angle\s*|m\s*\\angle\s*)?(?:\\?[a-zA-Z]+'*)(?:_\{[^{}]*\}|_[\w\\]+)?"
                          r"(?:\^\{?-1\}?)?(?:\([a-zA-Z0-9, ]*\))?")  # x, f(x), a_{n}, f^{-1}(x), \angle ABC
 _NB = r"(?![a-zA-Z])"  # the end of a command name
@@ -577,6 +579,8 @@ def _clean(s):
     s, deg = re.subn(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ" + _NB + r"|\\circ" + _NB + r"|°|\\degree" + _NB
                      + r")(?:\s*[CF](?=\s*(?:$|[,;)\]])))?|\bdegrees?\s*$", " ", s)  # 30^\circ C: Celsius
     s, pct = re.subn(r"\\?%|\b(?:percent|per\s*cent|pct\.?)\s*$", " ", s)
+    if ",0" in s or "." in s:  # `3,007` and `1,234.5` are numbers wherever they stand (a list item is never `007`)
+        s = _PADDED.sub(lambda m: m.group().replace(",", ""), s)
     s = re.sub(r"\s+(?:and|or)\s+", ",", s)
     s = re.sub(r"\s+", " ", s).strip(" ,;:").rstrip(".")
     for _ in range(2):  # trailing unit words: `18 dollars`, `864 inches^2`, `3 m/s`, `4e33 ergs s^{-1}`

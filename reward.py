@@ -656,11 +656,11 @@ def _equal(gold, pred, rtol):
         return False
     if _key(g) == _key(p):
         return True
-    if "," in g and "," not in p and _THOUSANDS.fullmatch(pred.strip("$ ")) and ",0" not in pred \
+    if "," in g and "," not in p and _THOUSANDS.fullmatch(pred.strip("$ ")) and not re.search(r",0|\.", pred) \
             and _structure(g)[0] in ("list", "set"):
         p = _clean(pred.strip("$ ").replace(",", ", "))[0]  # the gold decides: against a list or set
         # (`10, 455`), `10,455` is that list; against a number, a tuple `(1, 500)` or an interval, a number.
-        # Not `3,007` or `2,000`: a list item is never written `007`, so that is the number 3007
+        # Not `3,007`, `2,000` or `1,234.0`: a list item is never written `007`, and a decimal part makes a number
     grouped = (_solution_groups(gold), _solution_groups(pred)) if "=" in gold or "=" in pred else (gold, pred)
     if grouped != (gold, pred):  # `a = 2, b = 3; a = 3, b = 2`: solutions as tuples
         (g, g_pct, g_deg), (p, p_pct, p_deg) = _clean(grouped[0]), _clean(grouped[1])
