@@ -331,6 +331,8 @@ def _struct_equal(g, p, ctx):
         g = g[1][0]  # {3} vs 3
     if p[0] in ("set", "list") and len(p[1]) == 1 and g[0] not in ("set", "list"):
         p = p[1][0]
+    if g[0] == "list" and p[0] == "set" and len(set(g[1])) < len(g[1]):
+        return False  # the gold counts an item twice (`2, 2, 3`: side lengths): a set cannot
     if "set" in (g[0], p[0]):  # {1, 2, 2} = {1, 2}, and {2} = 2, 2
         g, p = ((x[0], tuple(dict.fromkeys(x[1]))) if x[0] in ("set", "list") else x for x in (g, p))
     gk, pk = g[0], p[0]
@@ -345,8 +347,10 @@ def _struct_equal(g, p, ctx):
         return gv is not None and pv is not None and len(gv) == len(pv) and all(map(eq, gv, pv))
     if gk == "seq" and pk == "seq":
         return g[1] == p[1] and len(g[2]) == len(p[2]) and all(map(eq, g[2], p[2]))
-    if gk == "seq" and pk == "list" and g[1] == "()" and not _one_name(p[1]):  # (3, 2) vs 3, 2
-        return len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
+    if gk == "seq" and pk == "list" and g[1] == "()":  # (10, 4) vs x = 10, y = 4; not 10, 4 (an open
+        # interval's endpoints are not the interval, `x = \boxed{1}` or `x = \boxed{2}` is two answers, and
+        # `(1, 2), (1, 2)` two points)
+        return all(map(_assignment, p[1])) and not _one_name(p[1]) and len(g[2]) == len(p[1]) and all(map(eq, g[2], p[1]))
     bag = ("list", "set", "union")
     if gk == "list" and pk == "seq" and p[1] == "()" and all(map(_assignment, g[1])) and not _one_name(g[1]):
         return len(g[1]) == len(p[2]) and all(map(eq, g[1], p[2]))  # x = 10, y = 4 is the tuple (10, 4)
