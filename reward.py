@@ -966,9 +966,10 @@ def _worth_asking(g, p):
 
 # prose: two words of Latin letters, or a word of another script (a lone π is no prose)
 _WORDS = re.compile(_PROSE_ASCII.pattern + r"|[^\W\d_a-zA-Z]{2,}")
-# a number sympy would compute to no end: a power in an exponent (9^{9^{9}}), a factorial of 3+
-# digits, an exponent of 5+ digits
-_HUGE = re.compile(r"\^\s*\{[^{}]*\^|\d{3,}\s*!|\^\s*\{?\s*\d{5,}")
+# a number sympy would compute to no end: a power in an exponent (9^{9^{9}}, x^x^x), a factorial of 3+
+# digits, an exponent of 5+ digits; and a symbol or a group to a power of 2+ digits ((x+1)^{99}: sympy
+# expands it, past the second opinion's bound)
+_HUGE = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\w\s*\^|\d{3,}\s*!|\^\s*\{?\s*\d{5,}|[)}a-zA-Z]\s*\^\s*\{?\s*\d{2,}")
 
 
 def _nesting(s):

@@ -89,12 +89,16 @@ def _math_verify_worker():
     (the parent bounds the call) and so is its logging (the parent counts the failures)."""
     import logging
     logging.disable(logging.CRITICAL)
-    from math_verify import parse as mv_parse, verify as mv_verify
+    from math_verify import LatexExtractionConfig, parse as mv_parse, verify as mv_verify
+    # LaTeX only: where its LaTeX parser fails, math-verify's default falls back to a number picked out
+    # of the text (`\\sqrt\\sqrt 12 + \\gcd(7,9)` read as 12), which is no reading of the answer
+    latex = [LatexExtractionConfig()]
     print("ready", flush=True)
     for line in sys.stdin:
         try:
             gold, pred = json.loads(line)
-            g, p = mv_parse(gold, parsing_timeout=None), mv_parse(pred, parsing_timeout=None)
+            g = mv_parse(gold, extraction_config=latex, parsing_timeout=None)
+            p = mv_parse(pred, extraction_config=latex, parsing_timeout=None)
             out = "1" if g and p and mv_verify(g, p, timeout_seconds=None) else "0"
         except Exception as e:
             out = "E " + " ".join(f"{type(e).__name__}: {e}".split())[:200]
