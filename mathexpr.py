@@ -799,41 +799,40 @@ _ANSWER_IS = re.compile(
     r"|(?<![a-zA-Z])(?:" + "|".join(_ANSWER_WORDS) + r")(?:\s+(?:final|finale))?[*\s]*[:：])[\s:*：]*")
 # what may stand between two boxes that are one answer: `\boxed{2}, \boxed{3}`, `x = \boxed{2} or x = \boxed{3}`,
 # `\boxed{1},\ \boxed{2}`, `(2, 4)$ and at $(0, 0)`, `x_1 = \boxed{1}, x_2 = \boxed{2}`, one box per list item
-_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\|\\ )*(?:(?:and(?:\s+(?:at|also))?|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad|\\[,; ]"
-                       r"|\n[ \t]*(?:[-*•]|\d{1,2}[.)])(?=[ \t]))[\s,;$]*){0,4}"
+_JOIN_GAP = re.compile(r"(?:[\s,;$]|\\\\|\\ |\\[()\[\]])*(?:(?:and(?:\s+(?:at|also))?|or|\\text\{\s*(?:and|or)\s*\}|\\q?quad"
+                       r"|\\[,; ]|\n[ \t]*(?:[-*•]|\d{1,2}[.)])(?=[ \t]))(?:[\s,;$]|\\[()\[\]])*){0,4}"
                        r"(?:[a-zA-Z](?:_\{?\w{1,3}\}?)?\s*=\s*)?")
 # a part label at the start of a line: `(a)`, `b)`, `(ii)`, `**Part (b):**`, `Part 2:`
 _PART = re.compile(r"(?im)^[\s*#]*(?:part\s*)?\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)(?![\w)])"
                    r"|^[\s*#]*part\s+\(?[a-h1-9]\)?\s*[:.*]")
 # a part named at the start of a clause between two boxes: "\\boxed{3} for part (a) and \\boxed{7} for part (b)",
-# "; (b) ", "For part (b), ..." on a new sentence or line (not "the integer part 3", "option (a)", "f(b)", "part 2 of")
-_PART_NAMED = re.compile(r"(?im)(?:^|[;:.,]|\b(?:for|in|and)\b)[ \t*]*(?:part\s*\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)?"
-                         r"|\((?:[a-h]|i{1,3}|iv|vi{0,3})\))(?![\w)])(?![ \t]*of\b)")
+# "; (b) ", "For part (b), ..." on a new sentence or line (not "the integer part 3", "option (a)", "f(b)", "part 2 of",
+# nor "in (ii)": an equation's number)
+_PART_NAMED = re.compile(r"(?im)(?:(?:^|[;:.,]|\b(?:for|in|and)\b)[ \t*]*part\s*\(?(?:[a-h]|i{1,3}|iv|vi{0,3}|[1-9])\)?"
+                         r"|(?:^|[;:.,]|\b(?:for|and)\b)[ \t*]*\((?:[a-h]|i{1,3}|iv|vi{0,3})\))(?![\w)])(?![ \t]*of\b)")
 # ... or the whole text between them (stripped of spacing, `$`, `,;:*`) is a part's label: "(a) $\\boxed{3}$ (b) $\\boxed{7}$"
 _PART_GAP = re.compile(r"(?i)(?:part\s*)?\((?:[a-h]|i{1,3}|iv|vi{0,3})\)")
-# a word that withdraws a box: the text a part label leads into may not hold one
-_REJECTED = re.compile(r"(?i)\b(?:wrong|incorrect|invalid|extraneous|spurious|impossible|fail(?:s|ed)?|reject(?:s|ed)?"
-                       r"|discard(?:s|ed)?|exclude[sd]?|rule[sd]?\s+out|not\s+(?:a\s+)?(?:valid|allowed|possible|solution"
-                       r"|root|answer)|(?:does\s+not|doesn't|do\s+not|don't)\s+(?:work|satisfy|hold|check))\b")
 # The words that may stand between two boxes joined per part or per indexed name, with spacing, punctuation,
 # `$` and the labels (`x_2 =`, "for part (b)"): a list's joint. Anything else (a check, a withdrawal in any
 # words, a new computation, math) says something about the box before, and the boxes stay apart. A list of
 # what may stand, not of what may not: a word it lacks costs a join (a right answer missed), never a wrong
 # answer paid ("So $x_1 = \\boxed{3}$, but this isn't in the domain of $\\log(x-5)$. Hence $x_2 = \\boxed{7}$" is 7).
 _JOINT_WORDS = frozenset("and or also while then so hence thus therefore the other another second one root solution "
-                         "value is are we get find have obtain similarly likewise".split())
-_CLOSING_WORDS = _JOINT_WORDS | frozenset("these those both all solutions answers values roots final answer "
-                                           "respectively for in part".split())
+                         "value is are we get find have obtain similarly likewise minimum maximum largest smallest "
+                         "least greatest sum product area perimeter length first part parts gives give yields".split())
+_CLOSING_WORDS = frozenset("and also so hence thus therefore the is are we get find have obtain these those both all "
+                           "solutions answers values roots final answer respectively for in part check checks out "
+                           "satisfy satisfies original equation as required any order real of".split())
+# (no word that picks one of them out: "the first is the answer", "the largest is the root" would withdraw the rest)
 _GAP_NOISE = re.compile(r"\n[ \t]*(?:[-*•]|\d{1,2}[.)])(?=[ \t])|\$|\\[()\[\]]|\\\\|\\[,;: ]|\\q?quad(?![a-zA-Z])"
-                        r"|\\text\{\s*(?:and|or)\s*\}|[\s,;:.*]")
+                        r"|\\text\{\s*(?:and|or)\s*\}|[\s,;:.*!()]")
 _NAME_EQ = re.compile(r"[a-zA-Z](?:_\{?\w{1,3}\}?)?\s*=\s*$")
-_BREAK = re.compile(r"[.!?](?=\s)")  # a sentence ends (not the point of 3.5)
 _OR = re.compile(r"\bor\b|\\text\{\s*or\s*\}")
 # Two answers offered as alternatives ("$\\boxed{1, -2}$ or $\\boxed{1}$"): joined by HEDGE, not as a list.
 # "or" between single answers is a list's joint (`x = \\boxed{2}` or `x = \\boxed{3}`: the solutions 2
 # and 3); between answers of several items it is a hedge, which reward._judge takes as right only when
 # every alternative is (`\\boxed{1, 2}` or `\\boxed{2, 1}`).
-HEDGE = " \\lor "
+HEDGE = " ‖or‖ "  # a mark no text holds (a model that writes it gets the hedge's reading, never more)
 # an indexed name before a box's value, inside it or just before it: `\boxed{y_1 = ..}`, `y_2 = \boxed{..}`
 _INDEXED = re.compile(r"(?<![a-zA-Z\\])([a-zA-Z])_\{?(\w{1,3})\}?\s*=")
 _INDEXED_BEFORE = re.compile(_INDEXED.pattern + r"\s*$")
@@ -906,17 +905,19 @@ def _last_boxed(s, several=True):
         gap = s[b1:start]
         by_part = labelled[k] and labelled[k + 1]  # `(a) ... \boxed{5}`, `(b) ... \boxed{7}`
         near = start - b1 < 300
-        if not (near and _JOIN_GAP.fullmatch(gap) or (by_part or near and several)
+        if not (near and _JOIN_GAP.fullmatch(gap) or several and (by_part or near)
                 and _apart_as_parts(s, boxes[k], boxes[k + 1], by_part)):
             break
         parts.append(content)
         joints.append(_joint_of(gap, content, boxes[k + 1][2]))
         start = b0
-    tail = s[boxes[-1][1]:]
+    tail = s[boxes[-1][1]:boxes[-1][1] + 500]  # what the response says after its last box
     if len(parts) > 1 and not _closing(tail):
         return parts[0].strip()  # "$x = \\boxed{1}$ and $x = \\boxed{-2}$, but -2 fails": the last box alone
-    if len(parts) == 1 and re.search(r"\d|\$|\\\(", tail.split("\n\n", 1)[0][:300].lstrip(" .,;:$")) \
-            and _several_items(parts[0]) and not _closing(tail):
+    if s[:boxes[-1][0]].replace("\\$", "").replace("$$", "$").count("$") % 2:  # the box's own span closes first
+        tail = tail.replace("\\$", "").replace("$$", "$")
+        tail = tail[tail.find("$") + 1:]
+    if len(parts) == 1 and re.search(r"\d|\$|\\[(\[]", tail) and not _closing(tail) and _names_an_item(tail, parts[0]):
         return parts[0].strip() + HEDGE + "\\text{...}"  # "$\\boxed{1, -2}$. But $x = 1$ fails.": not one answer
     out = parts[0].strip()
     for joint, content in zip(joints, parts[1:]):
@@ -930,6 +931,25 @@ def _joint_of(gap, a, b):
     return HEDGE if _OR.search(gap) and (_several_items(a) or _several_items(b)) else ", "
 
 
+def _names_an_item(tail, box):
+    """Does the text after a box of several items name one of them (a number, or the value of a math span:
+    "But $x = 1$ fails" after `\\boxed{1, -2}`)? A remark that names none ("... the cubic resolvent $P$")
+    leaves the box its answer."""
+    if len(box) > 2_000:
+        return False
+    keys = lambda x: {_key(_clean(x)[0]), _key(_clean(x.rsplit("=", 1)[-1])[0])}  # noqa: E731 (`x = 1`: and 1)
+    listed = _clean(box)[0]
+    listed = listed[2:-2] if listed.startswith("\\{") and listed.endswith("\\}") else listed  # a set's items
+    listed = [i for i in _split_top(listed) if i]
+    if len(listed) < 2:
+        return False
+    items = set().union(*map(keys, listed))
+    text = _DELIMITER.sub("$", tail)
+    said = re.findall(r"-?\d+(?:\.\d+)?", re.sub(r"\$[^$]*\$", " ", text))
+    said += [x for x in _math_spans(text) if len(x) < 200]
+    return any(keys(x) & items for x in said)
+
+
 def _several_items(x):
     """Is the answer x a list or set of two or more items?"""
     try:
@@ -940,10 +960,10 @@ def _several_items(x):
 
 
 def _closing(tail):
-    """Does the paragraph after boxes joined as a list close it: punctuation, spacing, `$` and words of
-    _CLOSING_WORDS only ("These are the solutions.")? Anything else may withdraw one of them."""
-    para = _PART_GAP.sub(" ", tail.split("\n\n", 1)[0][:300])  # "... and $\\boxed{7}$ for part (b)."
-    return all(w.lower() in _CLOSING_WORDS for w in _GAP_NOISE.sub(" ", para).split())
+    """Does what follows boxes joined as a list (or a box of several) close it, whatever the spacing:
+    punctuation, `$` and words of _CLOSING_WORDS only ("These are the solutions.", "Both check out.")?
+    Anything else (a value, math, another word) may withdraw one of them."""
+    return all(w.lower() in _CLOSING_WORDS for w in _GAP_NOISE.sub(" ", _PART_GAP.sub(" ", tail)).split())
 
 
 def _joint(gap):
@@ -952,20 +972,17 @@ def _joint(gap):
 
 
 def _apart_as_parts(s, a, b, by_part):
-    """Are boxes a and b (start, end, content) answers to two parts or two indexed names: a part label
-    between them (at the start of a line when `by_part`, else at the start of a clause: _PART_NAMED,
-    _PART_GAP), with only a list's joint (_joint) before it and, after it, the lead-in of b that withdraws
-    nothing (and within one sentence unless the label starts a line); or one name with two indices
-    (_indexed_pair) and only a joint between them."""
+    """Are boxes a and b (start, end, content) answers to two parts or two indexed names, with only a
+    list's joint (_joint) between them once the labels are left out: part labels (at the start of a
+    line when `by_part`, else at the start of a clause: _PART_NAMED, _PART_GAP), or one name with two
+    indices (_indexed_pair)?"""
     lo, hi = a[1], b[0]
     if _PART_GAP.fullmatch(s[lo:hi].strip(" \t\n$,;:*")):
         return True
-    label = None
-    for label in (_PART if by_part else _PART_NAMED).finditer(s, lo, hi):
-        pass
-    if label is not None:
-        lead = s[label.end():hi]
-        return _joint(s[lo:label.start()]) and not _REJECTED.search(lead) and (by_part or not _BREAK.search(lead))
+    labels = [m.span() for m in (_PART if by_part else _PART_NAMED).finditer(s, lo, hi)]
+    if labels:
+        kept = "".join(s[x:y] for x, y in zip([lo] + [e for _, e in labels], [b for b, _ in labels] + [hi]))
+        return _joint(kept)
     return _indexed_pair(s, a, b) and _joint(s[lo:hi])
 
 
@@ -986,15 +1003,17 @@ def _indexed_pair(s, a, b):
 _SPAN_LIST = re.compile(r"\s*\$[^$]+\$(?:\s*(?:[,;]\s*(?:(?:and|or)\b\s*)?|(?:and|or)\b\s*)\$[^$]+\$)+"
                         r"(?=[^\S\n]*(?:[.!;\n]|$))")
 _SPAN_LIST_MAX = 2_000  # characters of a list looked at
+_DELIMITER = re.compile(r"(?<!\\)\\[()\[\]]")  # `\(` `\)` `\[` `\]`, not a row break's `\\[2pt]`
 
 
 def _span_list(s):
     """The contents of the math spans that s starts with, joined by ', ', when they are a list (apart by
-    commas, 'and', 'or') that ends its sentence: "$2$ and $5$." -> "2, 5"; else None. Only the first
-    _SPAN_LIST_MAX characters are read (a list running past them is none)."""
-    head = s[:_SPAN_LIST_MAX]
+    commas, 'and', 'or') that ends its sentence: "$2$ and $5$." -> "2, 5" (spans in `\\(..\\)` or
+    `\\[..\\]` too); else None. Only the first _SPAN_LIST_MAX characters are read (a list running past
+    them is none)."""
+    head = _DELIMITER.sub("$", s[:_SPAN_LIST_MAX]) if "\\(" in s or "\\[" in s else s[:_SPAN_LIST_MAX]
     m = _SPAN_LIST.match(head) if head.count("$") >= 4 else None
-    if m is None or len(s) > len(head) and m.end() == len(head):
+    if m is None or len(s) > _SPAN_LIST_MAX and m.end() == len(head):
         return None
     parts = m.group().replace("\\$", "").replace("$$", "$").split("$")  # text, span, joint, span, ..., text
     out = parts[1].strip()

@@ -790,6 +790,8 @@ def _judge(gold, pred, rel_tol, second_opinion):
         p = _final_answer(pred, several=_several(g))
         # a hedge between answers (`\boxed{1, -2}` or `\boxed{1}`: mathexpr.HEDGE) is right only if each is
         alternatives = _alternatives(p)
+        if alternatives is None:
+            return False
         verdicts = [_equal(g, a, rel_tol) for a in alternatives]
     except (Exception, _Timeout):
         return False
@@ -797,20 +799,36 @@ def _judge(gold, pred, rel_tol, second_opinion):
 
 
 def _alternatives(p):
-    """The answers a final answer p offers as alternatives: the parts apart by mathexpr.HEDGE (boxes apart
-    by "or" where one holds several items), or by "or" inside one where a part holds several items
-    (`1, -2 \text{ or } 1`; not the last joint of a list `1, 2, or 3`, nor solutions `a = 2, b = 3 or a =
-    3, b = 2`); else [p]. A hedge is right only where each of them is."""
+    """The answers a final answer p offers as alternatives, or None for more than MAX_ALTERNATIVES of
+    them (no answer): the parts apart by mathexpr.HEDGE (boxes apart by "or" where one holds several
+    items), or by "or" inside one (`1, -2 \\text{ or } 1`, `\\;\\mathrm{or}\\;`) where a part holds
+    several items; an enumeration `1, 2, or 3` is one answer unless it names an item twice (`1, -2, or 1`),
+    and so are solutions `a = 2, b = 3 or a = 3, b = 2`; else [p]. A hedge is right only where each
+    alternative is. An answer over MAX_ANSWER characters is one (compared as a string: _equal)."""
+    if len(p) > MAX_ANSWER:
+        return [p]
     out = []
     for part in _split_top(p, HEDGE.strip()) if HEDGE.strip() in p else [p]:
-        split = _split_top(_OR_TEXT.sub(" or ", part), " or ") if " or" in part or "{or}" in part.replace(" ", "") else [part]
-        hedged = len(split) > 1 and not any(x.endswith(",") for x in split[:-1]) and any(map(_several_items, split)) \
-            and _solution_groups(part) == part
-        out += split if hedged else [part]
-    return out
+        plain = _OR_TEXT.sub(r"\1 or ", part) if "or" in part else part
+        split = _split_top(plain, " or ") if " or " in plain else [part]
+        if len(split) > 1 and _solution_groups(part) == part:
+            listed = any(x.endswith(",") for x in split[:-1])  # `1, 2, or 3`: a list's last joint
+            if listed and _names_twice(plain) or not listed and any(map(_several_items, split)):
+                out += split
+                continue
+        out.append(part)
+    return out if len(out) <= MAX_ALTERNATIVES else None
 
 
-_OR_TEXT = re.compile(r"\\text\{\s*or\s*\}")
+MAX_ALTERNATIVES = 8  # a hedge between more answers than this is no answer
+_OR_TEXT = re.compile(r"\\(?:text\w*|math\w*|mbox|hbox)\s*\{\s*(,?)\s*or\s*\}")
+
+
+def _names_twice(s):
+    """Does the list s name one item twice, by the rules (`1, -2, or 1.0`)? (At most 12 items looked at.)"""
+    x = _structure(_clean(s)[0])
+    items = [i[1] for i in x[1] if i[0] == "expr"] if x[0] == "list" else []
+    return len(items) <= 12 and any(_rules_equal(a, b, 1e-4) for k, a in enumerate(items) for b in items[k + 1:])
 
 
 def grade(response, gold, *, rel_tol=1e-4, second_opinion=True):

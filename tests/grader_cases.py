@@ -709,7 +709,9 @@ COLLECTIONS = {
     # one box per part, or per indexed name, against a gold that lists them
     "parts": [
         ("3, 7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", T),
-        ("3, 7", r"For part (a) we get $\boxed{3}$; for part (b), after more work, $\boxed{7}$.", T),
+        ("3, 7", r"For part (a) we get $\boxed{3}$; for part (b), similarly, $\boxed{7}$.", T),
+        ("3, 7", r"For part (a) we get $\boxed{3}$; for part (b), after more work, $\boxed{7}$.", F),  # words
+        # beside the labels that are no list's joint: apart (a join they would allow would allow a withdrawal)
         ("3, 7", r"(a) $\boxed{3}$; (b) $\boxed{7}$", T),
         ("3, 7", r"The answer is $\boxed{3}$ for part (a) and $\boxed{8}$ for part (b).", F),
         ("3", r"The answer is $\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", F),

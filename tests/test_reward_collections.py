@@ -31,7 +31,8 @@ def test_every_class_has_right_and_wrong_rows():
 
 @pytest.mark.parametrize("text,expected", [
     (r"$\boxed{3}$ for part (a) and $\boxed{7}$ for part (b).", "3, 7"),
-    (r"For part (a): $\boxed{3}$. For part (b), the same steps give $\boxed{7}$.", "3, 7"),
+    (r"For part (a): $\boxed{3}$. For part (b), similarly, we get $\boxed{7}$.", "3, 7"),
+    (r"For part (a): $\boxed{3}$. For part (b), the same steps give $\boxed{7}$.", "7"),  # no joint: apart
     (r"(a) $\boxed{3}$, (b) $\boxed{7}$", "3, 7"),
     (r"$\boxed{y_1 = e^x}$, and the other one is $\boxed{y_2 = e^{-x}}$.", "y_1 = e^x, y_2 = e^{-x}"),
     (r"so $x_1 = \boxed{2}$, and then $x_2 = \boxed{5}$", "2, 5"),
