@@ -3,6 +3,7 @@ run's mixed precision, and its full weights gathered from the shards (for the ro
 weight sync and for checkpoints).
 """
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -109,18 +110,28 @@ def compile_layers(model):
     eagerly (use_packed_attention hides it from the compiler; flex is compiled on its own). The
     modules, their parameters' names and FSDP2's hooks stay as they are. Dynamic shapes: one graph
     for every row length (a forward, and a forward under grad with its backward)."""
+    # Every layer shares one code object, so its graphs count together against dynamo's limit (8,
+    # then eager): with grad and without, requires_grad of the input (the first layer's), under
+    # activation checkpointing and in its recompute, the policy's and the reference's.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for layer in model.model.layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
 
 
 def compile_now(model, cfg):
-    """The compilation, at start and timed: a micro-batch of one token (packing.dummy_forward,
-    contributing nothing) without grad, as the old pass, and with its backward, as the update.
+    """The compilation, at start and timed: one sequence (a prompt of 8 tokens, a response of 9,
+    contributing nothing) forwarded without grad, as the old pass, and with grad and its backward,
+    as the update. A row of 17 positions: a length the compiled graphs keep symbolic (0 and 1 are
+    specialised, and a size equal to another dimension, e.g. 2 heads, would be tied to it).
     A collective (FSDP2's forwards). -> seconds"""
     started = time.perf_counter()
-    for backward in (False, True):
-        packing.dummy_forward(model, backward=backward, layout=cfg.micro_batch_layout,
-                              rows=cfg.activation_checkpointing, lm_head=cfg.lm_head)
+    seq = SimpleNamespace(gid=(0, 0), prompt=[0] * 8, resp=[0] * 9, adv=0.0)
+    device = next(model.parameters()).device
+    batch = packing.collate([seq], device, cfg.micro_batch_layout, cfg.activation_checkpointing)
+    with torch.no_grad():
+        tepo.response_logprobs(model, batch, 1.0, False, cfg.lm_head)
+    logp, _ = tepo.response_logprobs(model, batch, 1.0, False, cfg.lm_head)
+    logp.sum().mul(0.0).backward()
     model.zero_grad(set_to_none=True)
     return time.perf_counter() - started
 
