@@ -189,7 +189,8 @@ def token_logprobs_entropy(logits, targets, temperature=1.0, with_entropy=True,
 
 # The chunked LM head: log-probs and entropy from the last hidden states, never the logits.
 
-HEAD_CHUNK_ELEMS = 2**27  # logits per chunk of _ChunkedHead (~880 positions at a vocabulary of 151,936)
+HEAD_CHUNK_ELEMS = 2**26  # logits per chunk of _ChunkedHead (441 positions at a vocabulary of 151,936)
+HEAD_GRAD_ROWS = 16384    # the weight gradient's rows per matmul where it sums in another dtype
 
 
 def _head_logits(h, weight, bias, dtype, softcap):
@@ -273,11 +274,12 @@ class _ChunkedHead(torch.autograd.Function):
                 gz = gz.to(dtype)                                              # (c, V) d loss / d logits
                 if need_h:
                     grad_h[i:i + rows] = gz @ w
-                if need_w:  # in place where the matmul's dtype is the sum's, else through a (V, H) copy
+                if need_w:  # in place where the matmul's dtype is the sum's; else a slice of rows at a time
                     if dtype == acc:
                         grad_w.addmm_(gz.t(), h)
                     else:
-                        grad_w.add_(gz.t() @ h)
+                        for v in range(0, gz.shape[1], HEAD_GRAD_ROWS):
+                            grad_w[v:v + HEAD_GRAD_ROWS].add_(gz[:, v:v + HEAD_GRAD_ROWS].t() @ h)
                 if need_b:
                     grad_b.add_(gz.sum(0, dtype=acc))
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),

@@ -72,10 +72,11 @@ def test_equal_to_the_whole_logits_with_every_gradient(softcap):
             assert torch.allclose(a, b, atol=1e-10)
 
 
-def test_bf16_matmul_fp32_softmax():
+def test_bf16_matmul_fp32_softmax(monkeypatch):
     """bf16 hidden states and weight (FSDP2's mixed precision): the matmul in bf16 as the model's own
-    head, the softmax in fp32, gradients in bf16 near the fp32 ones; the weight's summed over chunks
-    in fp32 (closer to fp32's than bf16's own rounding of the whole sum would allow many chunks)."""
+    head, the softmax in fp32, gradients in bf16 near the fp32 ones; the weight's summed over 8
+    chunks in fp32, 7 of its rows at a time."""
+    monkeypatch.setattr(tepo, "HEAD_GRAD_ROWS", 7)
     g = torch.Generator().manual_seed(2)
     N, H, V = 64, 32, 300
     h32 = torch.randn(N, H, generator=g)
@@ -92,6 +93,41 @@ def test_bf16_matmul_fp32_softmax():
     tepo.head_logprobs_entropy(h, w, None, targets, 1.0, False)[0].sum().backward()
     for a, b in ((h16.grad, h.grad), (w16.grad, w.grad)):
         assert (a.float() - b).norm() / b.norm() < 2e-2
+
+
+def test_no_tensor_of_the_logits_size_is_made():
+    """The forward and backward of 600 positions over a vocabulary of 1,000 (chunks of 50 rows):
+    no tensor any op makes (logits, their gradient, a softmax) holds more than one chunk's logits,
+    nor does the weight's gradient take a (V, H) copy per chunk beyond its sum (bf16: its slices of
+    HEAD_GRAD_ROWS rows). Every op's outputs seen by a dispatch mode."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.sizes += [(t.numel(), str(func)) for t in (out if isinstance(out, (tuple, list)) else [out])
+                           if isinstance(t, torch.Tensor)]
+            return out
+    g = torch.Generator().manual_seed(3)
+    N, H, Vb = 600, 16, 1000
+    for dtype in (torch.float32, torch.bfloat16):
+        hidden = torch.randn(N, H, generator=g).to(dtype).requires_grad_()
+        weight = (torch.randn(Vb, H, generator=g) / 4).to(dtype).requires_grad_()
+        targets = torch.randint(0, Vb, (N,), generator=g)
+        with Largest() as seen:
+            lp, ent = tepo.head_logprobs_entropy(hidden, weight, None, targets, 0.9, True, None, 50 * Vb)
+            (lp.sum() + ent.sum()).backward()
+        biggest = max(seen.sizes)
+        assert biggest[0] <= 50 * Vb, biggest
+        assert weight.grad.shape == (Vb, H) and hidden.grad.shape == (N, H)
+        with Largest() as seen:  # the logits' path, as the model's head feeds it: (N, V) tensors
+            lp, _ = tepo.token_logprobs_entropy(torch.nn.functional.linear(hidden, weight)[None], targets[None], 0.9)
+            lp.sum().backward()
+        assert max(seen.sizes)[0] >= N * Vb
 
 
 def test_bad_input():
