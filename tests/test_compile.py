@@ -2,7 +2,8 @@
 eager model's log-probs, entropies and gradients within float rounding, in both layouts, over rows
 of several lengths (one dynamic graph: no recompile per length), under FSDP2 with activation
 checkpointing on some layers (config `checkpoint_layers`), and says its compile time at start.
-Slow: inductor compiles C++ kernels (~20-70 s on 2 cores, less with its cache warm)."""
+Slow: inductor compiles C++ kernels (~20-70 s on 2 cores, less with its cache warm; minutes on a
+busy machine). And `checkpoint_layers` alone: which layers recompute, and its bad values."""
 from types import SimpleNamespace
 
 import pytest
@@ -58,3 +59,22 @@ def test_compiled_layers_give_the_eager_numbers(one_rank, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "update: its 2 decoder layers compiled (torch.compile) in " in out, out
     assert_close(fsdp_grads(fsdp, data["packed"], "chunked"), eager["packed"], 1e-5, "fsdp")
+
+
+def test_checkpoint_layers_checkpoints_the_first_n_and_refuses_more_than_the_model_has(tiny_model_dir):
+    """checkpoint_layers 1 of the tiny model's 2: the first layer recomputes (transformers' flag), the
+    second keeps its activations, and the gradients are those of no checkpointing; 3 is an error
+    naming the model's 2, as is a negative number in the config."""
+    from config import Config, UserError
+    model = policy.load_model(tiny_model_dir, "sdpa").train()
+    batch = batches()["packed"]
+    want = logprobs_and_grads(model, batch, "chunked")
+    policy.checkpoint_layers(model, 1)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, False]
+    assert_close(logprobs_and_grads(model, batch, "chunked"), want, 1e-6, "checkpoint_layers 1")
+    policy.checkpoint_layers(model, None)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [True, True]
+    with pytest.raises(UserError, match="checkpoint_layers 3 is more than the model's 2 decoder layers"):
+        policy.checkpoint_layers(model, 3)
+    with pytest.raises(UserError, match="checkpoint_layers must be >= 0"):
+        Config(model="m", train_data="d", checkpoint_layers=-1)
