@@ -65,7 +65,7 @@ class Config:
     gpu_memory_utilization: float = 0.4  # GPU share of the vLLM engine (weights + KV cache)
     activation_checkpointing: bool = False  # recompute layer activations in the backward pass
     checkpoint_layers: int | None = None  # activation_checkpointing on the first N decoder layers only; null: all
-    lm_head: str = "auto"                # chunked | logits: log-probs from the hidden states in chunks, or the logits; auto: chunked where exact
+    lm_head: str = "auto"                # chunked (the head in chunks) | logits; auto: chunked where exact
     compile: bool = False                # torch.compile each decoder layer (its attention apart)
     eval_every: int = 0                  # held-out evaluation period in steps (0: start, end)
     eval_n: int = 1                      # samples per held-out problem
@@ -139,7 +139,8 @@ class Config:
             raise UserError(f"config: overlong_buffer ({self.overlong_buffer}) must be <= max_new_tokens "
                             f"({self.max_new_tokens}): the penalty starts max_new_tokens - overlong_buffer tokens in")
         if self.checkpoint_layers is not None and self.checkpoint_layers < 0:
-            raise UserError(f"config: checkpoint_layers must be >= 0 (or null: every layer), got {self.checkpoint_layers}")
+            raise UserError(f"config: checkpoint_layers must be >= 0 (or null: every layer), "
+                            f"got {self.checkpoint_layers}")
         if self.group_size < 2:
             raise UserError(f"config: group_size must be >= 2, got {self.group_size}: advantages are "
                             f"relative to the group, so a group of one has advantage 0 and never trains")

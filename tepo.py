@@ -271,6 +271,8 @@ class _ChunkedHead(torch.autograd.Function):
                 if cap is not None:  # cap(z) / cap = T (log p + lse) / cap
                     s = lp.add_(lse[i:i + rows, None]).mul_(T / cap)
                     gz.mul_(s.square_().neg_().add_(1.0))
+                if need_b:
+                    grad_b.add_(gz.sum(0))
                 gz = gz.to(dtype)                                              # (c, V) d loss / d logits
                 if need_h:
                     grad_h[i:i + rows] = gz @ w
@@ -280,8 +282,6 @@ class _ChunkedHead(torch.autograd.Function):
                     else:
                         for v in range(0, gz.shape[1], HEAD_GRAD_ROWS):
                             grad_w[v:v + HEAD_GRAD_ROWS].add_(gz[:, v:v + HEAD_GRAD_ROWS].t() @ h)
-                if need_b:
-                    grad_b.add_(gz.sum(0, dtype=acc))
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
 
@@ -289,10 +289,11 @@ class _ChunkedHead(torch.autograd.Function):
 def head_logprobs_entropy(hidden, weight, bias, targets, temperature=1.0, with_entropy=True, softcap=None,
                           max_chunk_elems=None):
     """(..., H) last hidden states, the LM head's (V, H) weight and (V,) bias or None, (...) targets
-    -> logp (...) with grad, entropy (...) or None, fp32 (fp64 for fp64 inputs): token_logprobs_entropy's on the
-    logits softcap(hidden @ weight^T + bias), computed without them (_ChunkedHead: chunks of at most
-    `max_chunk_elems` logits, None: HEAD_CHUNK_ELEMS). Gradients reach the hidden states, the weight (an embedding's, when
-    tied) and the bias. `softcap`: the model's final logit soft-capping (Gemma's), or None.
+    -> logp (...) with grad, entropy (...) or None, fp32 (fp64 for fp64 inputs): those
+    token_logprobs_entropy gives on the logits softcap(hidden @ weight^T + bias), computed without
+    them (_ChunkedHead: chunks of at most `max_chunk_elems` logits, None: HEAD_CHUNK_ELEMS).
+    Gradients reach the hidden states, the weight (an embedding's, when tied) and the bias.
+    `softcap`: the model's final logit soft-capping (Gemma's), or None.
     """
     if targets.shape != hidden.shape[:-1] or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(f"hidden must be (..., H), weight (V, H) and targets (...); got "

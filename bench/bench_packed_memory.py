@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--layers", type=int, help="decoder layers (default: tiny 4, 1.5b 2)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--lm-head", nargs="+", default=["chunked"], choices=("auto", "chunked", "logits"),
-                    help="the ways measured, each T in each (default chunked; --lm-head logits chunked: before/after)")
+                    help="the ways measured, each T in each (default chunked; logits chunked: before/after)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--tree", default=ROOT, help="the checkout whose code is measured")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
@@ -128,8 +128,8 @@ def main():
     rows = []
     for T in args.tokens:
         for head in args.lm_head:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", str(T), "--kernel", args.kernel, "--shape",
-                   args.shape, "--dtype", args.dtype, "--lm-head", head, "--device", args.device,
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", str(T), "--kernel", args.kernel,
+                   "--shape", args.shape, "--dtype", args.dtype, "--lm-head", head, "--device", args.device,
                    *(["--layers", str(args.layers)] if args.layers else [])]
             out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
             if out.returncode:
@@ -140,7 +140,8 @@ def main():
     s = SHAPES[args.shape]
     print(f"code of {tree} (kernel {args.kernel}); one packed forward + backward, activation checkpointing, "
           f"{args.dtype} on {args.device}; shape {args.shape} (hidden {s['hidden']}, vocabulary {s['vocab']:,}, "
-          f"{args.layers or s['layers']} layers); the parameters' gradients {rows[0]['grads_mib']:.0f} MiB of each peak")
+          f"{args.layers or s['layers']} layers); the parameters' gradients {rows[0]['grads_mib']:.0f} MiB of "
+          f"each peak")
     print(f"{'T':>7} {'lm_head':>24} {'peak above the model (MiB)':>28} {'/ ' + first + ' at ~8k':>18}")
     for r in rows:
         print(f"{r['T']:>7} {r['lm_head']:>24} {r['peak_mib']:>28.0f} {r['peak_mib'] / ref:>18.2f}")

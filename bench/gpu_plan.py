@@ -116,6 +116,13 @@ def flops_per_token(m, S, checkpointing=True):
     return (6 + 2 * r) * N + (3 + r) * attn
 
 
+def checkpointing(cfg):
+    """`cfg`'s activation checkpointing in words: off, on, or on its first N layers."""
+    if not cfg.activation_checkpointing:
+        return "off"
+    return "on" if cfg.checkpoint_layers is None else f"on the first {cfg.checkpoint_layers} layers"
+
+
 def recomputed(cfg, m):
     """The share of the decoder layers activation checkpointing recomputes under `cfg`."""
     if not cfg.activation_checkpointing:
@@ -300,9 +307,7 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
     print(f"setting: {cfg.prompts_per_step} prompts x {G} samples ({ppr} prompts/rank), prompt "
           f"{prompt} tok (assumed mean; cap {cfg.max_prompt_len}), response {resp} tok (assumed "
           f"mean; cap {cfg.max_new_tokens}), micro_batch_tokens {T}, "
-          f"checkpointing {'on' if cfg.activation_checkpointing else 'off'}"
-          f"{f' ({cfg.checkpoint_layers} layers)' if cfg.activation_checkpointing and cfg.checkpoint_layers is not None else ''}"
-          f", lm_head {cfg.lm_head}")
+          f"checkpointing {checkpointing(cfg)}, lm_head {cfg.lm_head}")
     row = lambda what, b, note="": print(f"  {what:<44}{b / GiB:>8.2f} GiB  {note}")  # noqa: E731
     print("trainer states (FSDP2-sharded over W):")
     states = {"fp32 master weights 4N/W": 4 * N / W, "fp32 grads 4N/W": 4 * N / W,
