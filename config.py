@@ -64,6 +64,9 @@ class Config:
     train_dtype: str = "auto"            # trainer compute dtype (fp32 master weights); auto as dtype
     gpu_memory_utilization: float = 0.4  # GPU share of the vLLM engine (weights + KV cache)
     activation_checkpointing: bool = False  # recompute layer activations in the backward pass
+    checkpoint_layers: int | None = None  # activation_checkpointing on the first N decoder layers only; null: all
+    lm_head: str = "auto"                # chunked (the head in chunks) | logits; auto: chunked where exact
+    compile: bool = False                # torch.compile each decoder layer (its attention apart)
     eval_every: int = 0                  # held-out evaluation period in steps (0: start, end)
     eval_n: int = 1                      # samples per held-out problem
     eval_max_problems: int = 0           # first N held-out problems (0: all)
@@ -106,6 +109,7 @@ class Config:
                               ("dtype", ("auto", "float32", "bfloat16", "float16")),
                               ("lr_schedule", ("constant", "cosine")),
                               ("micro_batch_layout", ("packed", "grouped")),
+                              ("lm_head", tepo.LM_HEADS),
                               ("packed_attention", ("auto", "sdpa", "flex"))):
             if getattr(self, name) not in allowed:
                 raise UserError(f"config: {name} must be one of {allowed}, not {getattr(self, name)!r}")
@@ -139,6 +143,9 @@ class Config:
         if self.overlong_buffer > self.max_new_tokens:
             raise UserError(f"config: overlong_buffer ({self.overlong_buffer}) must be <= max_new_tokens "
                             f"({self.max_new_tokens}): the penalty starts max_new_tokens - overlong_buffer tokens in")
+        if self.checkpoint_layers is not None and self.checkpoint_layers < 0:
+            raise UserError(f"config: checkpoint_layers must be >= 0 (or null: every layer), "
+                            f"got {self.checkpoint_layers}")
         if self.group_size < 2:
             raise UserError(f"config: group_size must be >= 2, got {self.group_size}: advantages are "
                             f"relative to the group, so a group of one has advantage 0 and never trains")
@@ -289,7 +296,7 @@ def micro_batches_select(values):
 FREE_KEYS = ("out_dir", "eval_data", "eval_every", "eval_n", "eval_max_problems", "save_every",
              "keep_last", "log_samples_every", "full_batch_metrics", "loggers", "wandb_project",
              "wandb_run_name", "max_bad_steps", "max_reward_errors", "packed_attention",
-             "activation_checkpointing", "gpu_memory_utilization")
+             "activation_checkpointing", "checkpoint_layers", "lm_head", "compile", "gpu_memory_utilization")
 
 
 def cosine(values):

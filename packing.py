@@ -341,19 +341,19 @@ def lockstep_forwards(model, seqs, *, cfg, device, with_entropy, grad=False):
     for mb in mbs:
         batch = collate(mb, device, layout, rows)
         with torch.set_grad_enabled(grad):
-            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy)
+            logp, ent = tepo.response_logprobs(model, batch, cfg.temperature, with_entropy, cfg.lm_head)
         yield mb, batch, logp, ent
     for _ in range(busiest - len(mbs)):
-        dummy_forward(model, backward=grad, layout=layout, rows=rows)
+        dummy_forward(model, backward=grad, layout=layout, rows=rows, lm_head=cfg.lm_head)
 
 
-def dummy_forward(model, *, backward, layout, rows):
+def dummy_forward(model, *, backward, layout, rows, lm_head="auto"):
     """The calls of a one-token micro-batch in `layout`, contributing nothing: see
     `lockstep_forwards`."""
     device = next(model.parameters()).device
     one = SimpleNamespace(gid=(0, 0), prompt=[0], resp=[0], adv=0.0, rollout_logp=torch.zeros(1))
     with torch.set_grad_enabled(backward):
-        logp, _ = tepo.response_logprobs(model, collate([one], device, layout, rows), 1.0, False)
+        logp, _ = tepo.response_logprobs(model, collate([one], device, layout, rows), 1.0, False, lm_head)
     if backward:
         logp.sum().mul(0.0).backward()
 
@@ -571,6 +571,8 @@ def use_packed_attention(model, kernel="sdpa"):
         raise UserError(f"model_type {model.config.model_type}: {why} is not supported by packed "
                         f"micro-batches; set micro_batch_layout: grouped")
     name = f"tepo_packed_{kernel}"
-    AttentionInterface.register(name, functools.partial(packed_attention, kernel=kernel))
+    # Hidden from torch.compile (config `compile` compiles each layer around it): the sdpa kernel's
+    # loop over the row's segments would be unrolled and recompiled per row; flex is compiled apart.
+    AttentionInterface.register(name, torch.compiler.disable(functools.partial(packed_attention, kernel=kernel)))
     model.set_attn_implementation(name)
     return model

@@ -207,6 +207,126 @@ def token_logprobs_entropy(logits, targets, temperature=1.0, with_entropy=True,
                                  int(max_chunk_elems))
 
 
+# The chunked LM head: log-probs and entropy from the last hidden states, never the logits.
+
+HEAD_CHUNK_ELEMS = 2**26  # logits per chunk of _ChunkedHead (441 positions at a vocabulary of 151,936)
+HEAD_GRAD_ROWS = 16384    # the weight gradient's rows per matmul where it sums in another dtype
+
+
+def _head_logits(h, weight, bias, dtype, softcap):
+    """(c, H) hidden states -> (c, V) logits in fp32 (fp64 for fp64 inputs): the head's matmul in
+    `dtype` (the compute dtype: bf16 under mixed precision, as the model's own head), then the final
+    soft-capping (Gemma's cap * tanh(z / cap); `softcap` None: none)."""
+    z = torch.nn.functional.linear(h.to(dtype), weight, bias).to(torch.promote_types(dtype, torch.float32))
+    if softcap is not None:
+        z = torch.tanh(z.div_(softcap)).mul_(softcap)
+    return z
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """log softmax(cap(hidden @ W^T + b) / temperature)[target] and the entropy, a chunk of rows at
+    a time: the (N, V) logits and their gradient never exist whole.
+
+    The forward keeps the log-sum-exp and the entropy per row (N,); the backward recomputes each
+    chunk's logits (one matmul more than a plain head's backward, the price of the memory) and
+    accumulates d hidden = g_z W and d W = g_z^T hidden, with d logp / du = onehot(target) - p and
+    d H / du = -p (log p + H) at u = logits / temperature, as _ChunkedLogProb; through the soft-cap
+    d cap(z) / dz = 1 - (cap(z) / cap)^2. The weight's gradient sums over chunks in fp32, whatever
+    the compute dtype, and is returned in the weight's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, softcap, with_entropy, rows):
+        N = hidden.shape[0]
+        dtype = hidden.dtype if not torch.is_autocast_enabled(hidden.device.type) else \
+            torch.get_autocast_dtype(hidden.device.type)  # the dtype the model's own head computes in
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        logp = torch.empty(N, dtype=torch.promote_types(dtype, torch.float32), device=hidden.device)
+        lse = torch.empty_like(logp)
+        entropy = torch.empty_like(logp) if with_entropy else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for i in range(0, N, rows):
+                z = _head_logits(hidden[i:i + rows], w, b, dtype, softcap)     # (c, V) fp32
+                if temperature != 1.0:
+                    z.div_(temperature)
+                z_lse = torch.logsumexp(z, dim=-1)                             # (c,)
+                z.sub_(z_lse[:, None])                                         # log-probabilities
+                logp[i:i + rows] = z.gather(1, targets[i:i + rows, None]).squeeze(1)
+                lse[i:i + rows] = z_lse
+                if with_entropy:
+                    entropy[i:i + rows] = -(z.exp().mul_(z)).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature, ctx.softcap, ctx.rows, ctx.dtype = temperature, softcap, rows, dtype
+        ctx.set_materialize_grads(False)  # no entropy term in the loss: its gradient stays None
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        T, cap, rows, dtype = ctx.temperature, ctx.softcap, ctx.rows, ctx.dtype
+        N = hidden.shape[0]
+        w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+        acc = lse.dtype  # fp32 (fp64 for fp64 inputs): the softmax's, and the weight gradient's sum
+        g_all = (torch.zeros(N, dtype=acc, device=hidden.device) if grad_logp is None
+                 else grad_logp.to(acc) / T)
+        g_ent = None if grad_entropy is None else grad_entropy.to(acc) / T
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for i in range(0, N, rows):
+                h = hidden[i:i + rows].to(dtype)
+                z = _head_logits(h, w, b, dtype, cap)
+                if T != 1.0:
+                    z.div_(T)
+                lp = z.sub_(lse[i:i + rows, None])                             # log-probabilities
+                g = g_all[i:i + rows, None]
+                if g_ent is None:
+                    gz = lp.exp().mul_(-g)                                     # -g * softmax
+                else:  # -p (g + g_H (log p + H))
+                    gz = (lp + entropy[i:i + rows, None]).mul_(g_ent[i:i + rows, None]).add_(g)
+                    gz.mul_(lp.exp()).neg_()
+                gz.scatter_add_(1, targets[i:i + rows, None], g)
+                if cap is not None:  # cap(z) / cap = T (log p + lse) / cap
+                    s = lp.add_(lse[i:i + rows, None]).mul_(T / cap)
+                    gz.mul_(s.square_().neg_().add_(1.0))
+                if need_b:
+                    grad_b.add_(gz.sum(0))
+                gz = gz.to(dtype)                                              # (c, V) d loss / d logits
+                if need_h:
+                    grad_h[i:i + rows] = gz @ w
+                if need_w:  # in place where the matmul's dtype is the sum's; else a slice of rows at a time
+                    if dtype == acc:
+                        grad_w.addmm_(gz.t(), h)
+                    else:
+                        for v in range(0, gz.shape[1], HEAD_GRAD_ROWS):
+                            grad_w[v:v + HEAD_GRAD_ROWS].add_(gz[:, v:v + HEAD_GRAD_ROWS].t() @ h)
+        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
+
+
+def head_logprobs_entropy(hidden, weight, bias, targets, temperature=1.0, with_entropy=True, softcap=None,
+                          max_chunk_elems=None):
+    """(..., H) last hidden states, the LM head's (V, H) weight and (V,) bias or None, (...) targets
+    -> logp (...) with grad, entropy (...) or None, fp32 (fp64 for fp64 inputs): those
+    token_logprobs_entropy gives on the logits softcap(hidden @ weight^T + bias), computed without
+    them (_ChunkedHead: chunks of at most `max_chunk_elems` logits, None: HEAD_CHUNK_ELEMS).
+    Gradients reach the hidden states, the weight (an embedding's, when tied) and the bias.
+    `softcap`: the model's final logit soft-capping (Gemma's), or None.
+    """
+    if targets.shape != hidden.shape[:-1] or weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden must be (..., H), weight (V, H) and targets (...); got "
+                         f"{tuple(hidden.shape)}, {tuple(weight.shape)} and {tuple(targets.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    rows = max(1, int(max_chunk_elems or HEAD_CHUNK_ELEMS) // weight.shape[0])
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    logp, ent = _ChunkedHead.apply(flat, weight, bias, targets.reshape(-1).long(), float(temperature),
+                                   None if softcap is None else float(softcap), with_entropy, rows)
+    return logp.view(targets.shape), None if ent is None else ent.view(targets.shape)
+
+
 def kl_estimate(logp, target_logp, kind="k3"):
     """Per-token estimate of KL(pi || pi_target) from log-probs of tokens sampled from pi. Any shape.
 
@@ -671,7 +791,69 @@ def step_metrics(reduced, *, optimizer_steps, mask_steps):
 # ----------------------------------------------------------------------------- a model's log-probs
 
 
-def response_logprobs(model, batch, temperature, with_entropy):
+# The causal LMs whose logits are lm_head(the base model's last hidden state), soft-capped after it
+# where the config has Gemma's final_logit_softcapping (the forwards of transformers'
+# Qwen2/Qwen3/Llama/Gemma3ForCausalLM): their log-probs can come from the hidden states through the
+# head's weight (head_logprobs_entropy). Any other model's come from its logits, as it computes them.
+HEAD_MODEL_TYPES = ("qwen2", "qwen3", "llama", "gemma3_text")
+LM_HEADS = ("auto", "chunked", "logits")  # config `lm_head`: auto is chunked where the head is reachable
+
+
+def unreachable_head(model):
+    """Why `model`'s log-probs cannot come from its last hidden states through its head here, or
+    None: a forward whose logits this code does not know to be lm_head(hidden states)."""
+    kind = model.config.model_type
+    if kind not in HEAD_MODEL_TYPES:
+        return f"model_type {kind}: its logits are not known here to be lm_head(the last hidden states)"
+    if not isinstance(model.get_output_embeddings(), torch.nn.Linear) or \
+            not isinstance(getattr(model, "model", None), torch.nn.Module):
+        return f"model_type {kind}: no linear lm_head after a base model `model`"
+    return None
+
+
+def chunked_head(model, lm_head):
+    """Whether `model`'s log-probs come through head_logprobs_entropy under config `lm_head`: auto,
+    where the head can be reached; chunked, or a ValueError saying why it cannot; logits, never."""
+    if lm_head not in LM_HEADS:
+        raise ValueError(f"lm_head must be one of {LM_HEADS}, not {lm_head!r}")
+    why = unreachable_head(model) if lm_head != "logits" else "lm_head: logits"
+    if why and lm_head == "chunked":
+        raise ValueError(f"lm_head chunked: {why}; set lm_head: logits (or auto)")
+    return why is None
+
+
+def last_hidden(model, keep, **inputs):
+    """The model's own call with its head on no position -> (the last hidden states (B, K, H) at
+    `keep` (as logits_to_keep: an int n for the last n positions, 0 for all, or indices), its output).
+
+    The model is called as a whole, not its base model alone, so that FSDP2's hooks on the root run
+    as ever: the root's parameters (embeddings, final norm, lm_head) are gathered for the forward and
+    stay so until its backward (fully_shard never reshards the root after forward), when their
+    gradients are reduce-scattered with every other. head_params reads them there."""
+    caught = []
+    hook = model.model.register_forward_hook(lambda module, args, out: caught.append(out.last_hidden_state))
+    try:
+        none = torch.zeros(0, dtype=torch.long, device=inputs["input_ids"].device)
+        out = model(**inputs, logits_to_keep=none)                               # logits (B, 0, V)
+    finally:
+        hook.remove()
+    return caught[-1][:, slice(-keep, None) if isinstance(keep, int) else keep], out
+
+
+def head_params(model):
+    """(weight (V, H), bias (V,) or None, final soft-cap or None) of the model's LM head, as its
+    forward has just used them: under FSDP2 the root's unsharded parameters (in the compute dtype
+    under mixed precision), so the weight's gradient (the embedding's, when tied) reaches the
+    parameter FSDP2 reduce-scatters."""
+    head = model.get_output_embeddings()
+    if hasattr(head.weight, "full_tensor"):
+        raise RuntimeError("the LM head's weight is a shard (DTensor) after the forward: the model's "
+                           "root was sharded with reshard_after_forward=True; use fully_shard's default")
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return head.weight, head.bias, getattr(text, "final_logit_softcapping", None)
+
+
+def response_logprobs(model, batch, temperature, with_entropy, lm_head="auto"):
     """Log-probs (b, R) of a micro-batch's b responses under `model`, and their entropy (b, R) or
     None. Two layouts (packing.collate makes them):
 
@@ -687,29 +869,47 @@ def response_logprobs(model, batch, temperature, with_entropy):
     "resp" (b, R) right-padded to the longest; the prompt runs once and its KV cache is repeated
     for the responses, unless "rows" asks for every row to hold its own copy (HF keeps no cache
     under activation checkpointing).
+
+    `lm_head` (config's): how the kept positions become log-probs. "chunked": the model's last
+    hidden states (K, H) through its head's weight in chunks (head_logprobs_entropy), no (K, V)
+    logits nor their gradient; "logits": the model's own logits (K, V), kept for the backward
+    (token_logprobs_entropy); "auto": chunked where the head can be reached (unreachable_head).
     """
+    chunked = chunked_head(model, lm_head)
+
+    def run(keep, **inputs):  # -> ((B, K, H) hidden states or (B, K, V) logits at `keep`, the output)
+        if chunked:
+            return last_hidden(model, keep, **inputs)
+        out = model(**inputs, logits_to_keep=keep)
+        return out.logits, out
+
+    def score(x, targets):  # x from run -> logp, entropy (B, K)
+        if chunked:
+            weight, bias, softcap = head_params(model)
+            return head_logprobs_entropy(x, weight, bias, targets, temperature, with_entropy, softcap)
+        return token_logprobs_entropy(x, targets, temperature, with_entropy)
+
     resp = batch["resp"]
     b, R = resp.shape
     if "ids" in batch:
-        logits = model(input_ids=batch["ids"], position_ids=batch["pos"], logits_to_keep=batch["keep"],
-                       use_cache=False, packed_row=batch["row"]).logits             # (1, K, V)
-        logp, ent = token_logprobs_entropy(logits, batch["targets"], temperature, with_entropy)
+        x, _ = run(batch["keep"], input_ids=batch["ids"], position_ids=batch["pos"], use_cache=False,
+                   packed_row=batch["row"])                                            # (1, K, .)
+        logp, ent = score(x, batch["targets"])
         spans = batch["spans"]                                                     # (b, R)
         return logp[0][spans], ent[0][spans] if with_entropy else None
     prompt = batch["prompt"]
     if batch.get("rows"):
         ids = torch.cat([prompt.expand(b, -1), resp], dim=1)
-        logits = model(input_ids=ids, logits_to_keep=R + 1, use_cache=False).logits[:, :-1]
-        return token_logprobs_entropy(logits, resp, temperature, with_entropy)
-    out = model(input_ids=prompt, logits_to_keep=1, use_cache=True)
+        x, _ = run(R + 1, input_ids=ids, use_cache=False)
+        return score(x[:, :-1], resp)
+    x, out = run(1, input_ids=prompt, use_cache=True)
     cache = out.past_key_values
     cache.batch_repeat_interleave(b)
-    first = token_logprobs_entropy(out.logits.expand(b, 1, -1), resp[:, :1], temperature,
-                                   with_entropy)                # the first token, from the prompt
+    first = score(x.expand(b, 1, -1), resp[:, :1])              # the first token, from the prompt
     # Always a second call, even for R = 1 (its last position is dropped): every FSDP forward is a
     # collective, so each micro-batch must make the same calls on every rank
     # (packing.lockstep_forwards).
-    logits = model(input_ids=resp, past_key_values=cache, use_cache=True).logits[:, :-1]
-    rest = token_logprobs_entropy(logits, resp[:, 1:], temperature, with_entropy)
+    x, _ = run(0, input_ids=resp, past_key_values=cache, use_cache=True)
+    rest = score(x[:, :-1], resp[:, 1:])
     logp = torch.cat([first[0], rest[0]], dim=1)
     return logp, torch.cat([first[1], rest[1]], dim=1) if with_entropy else None

@@ -33,9 +33,12 @@ minutes:
                    decision moved: a token clipped, or |log s_i| over a tenth of the clip
   7. speed        one training micro-batch of the config at its shape (micro_batch_tokens of
                    groups of a 150-token prompt and group_size responses of 700; bf16, activation
-                   checkpointing, the packed kernel, FSDP2): tokens/s forward+backward, peak
-                   memory, MFU (6N) of a bf16 matmul's peak measured here; and gpu_plan's step
-                   estimate for the config on 8 such GPUs at that speed
+                   checkpointing, the packed kernel, the LM head in chunks, FSDP2): tokens/s
+                   forward+backward, peak memory, MFU (6N) of a bf16 matmul's peak measured here;
+                   under it, a line each (not judged) for the LM head of before (lm_head logits),
+                   checkpointing off (with either head), on half the layers, and each layer
+                   compiled (a GPU's only); and gpu_plan's step estimate for the config on 8 such
+                   GPUs at the config's speed
 --backend hf (the default where vLLM cannot be imported): the rollout with transformers'
 generate; checks 3 and 4, which need vLLM, print SKIP with the reason. The exit code counts FAILs
 only.
@@ -487,15 +490,33 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def speed_variants(cfg, layers, cpu):
+    """The speed line's other settings, measured beside the config's own and printed under it (not
+    judged): [(label, config overrides)]: the LM head of before (the model's logits), activation
+    checkpointing the other way, on half the layers, and (on a GPU: on the CPU inductor's compile
+    takes minutes) each layer compiled."""
+    ckpt = cfg.activation_checkpointing
+    out = [("lm_head logits (the path of before)", ["lm_head=logits"]),
+           (f"checkpointing {'off' if ckpt else 'on'}", [f"activation_checkpointing={not ckpt}"]),
+           (f"checkpointing {'off' if ckpt else 'on'}, lm_head logits",
+            [f"activation_checkpointing={not ckpt}", "lm_head=logits"]),
+           (f"checkpointing the first {layers // 2} of {layers} layers",
+            ["activation_checkpointing=true", f"checkpoint_layers={layers // 2}"])]
+    return out + ([] if cpu else [("each layer compiled", ["compile=true"])])
+
+
 def speed(args, config, model_dir, device, results):
     """7. One training micro-batch of the config at its shape (micro_batch_tokens, train_dtype,
-    activation checkpointing, the packed kernel, FSDP2 on one rank): forward + backward tokens per
-    second, peak memory, MFU (6N FLOPs a token) of the matmul peak measured here; and what
-    gpu_plan's step estimate for the config on 8 such GPUs becomes at this speed."""
+    activation checkpointing, the packed kernel, the LM head in chunks where exact, FSDP2 on one
+    rank): forward + backward tokens per second, peak memory, MFU (6N FLOPs a token) of the matmul
+    peak measured here; the same under speed_variants' settings (the logits' head, checkpointing
+    off and on half the layers, compiled), one line each; and what gpu_plan's step estimate for the
+    config on 8 such GPUs becomes at the config's speed."""
     import gpu_plan
     key = "cpu" if args.cpu else "gpu"
     prompt, resp, *budget = SPEED_SHAPE[key]
-    cfg = load_config(config, [f"micro_batch_tokens={budget[0]}"] if budget else [])
+    base = [f"micro_batch_tokens={budget[0]}"] if budget else []
+    cfg = load_config(config, base)
     group_size = load_config(args.config).group_size  # the config's, not the small step's 4
     g = torch.Generator().manual_seed(0)
     vocab = min(len(load_tokenizer(model_dir)), 30000)
@@ -506,44 +527,70 @@ def speed(args, config, model_dir, device, results):
                           torch.zeros(resp)) for i in range(group_size)]
         k += 1
     mb = packing.micro_batches(seqs, cfg.micro_batch_tokens, cfg.micro_batch_layout)[0]
-    positions = packing.computed_tokens([mb], cfg.micro_batch_layout, cfg.activation_checkpointing)
-    model = policy.load_policy(model_dir, cfg, device)
-    batch = packing.collate(mb, device, cfg.micro_batch_layout, cfg.activation_checkpointing)
     n_tokens = sum(len(s.resp) for s in mb)
 
-    def step():
-        logp, _ = tepo.response_logprobs(model, batch, 1.0, False)
-        (-(batch["adv"][:, None] * logp * batch["mask"]).sum() / n_tokens).backward()
-        model.zero_grad(set_to_none=True)
-    step()  # the kernels' compilation and the allocator's first fill
-    sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    reps, t0 = 3, time.perf_counter()
-    for _ in range(reps):
-        step()
-    sync(device)
-    seconds = (time.perf_counter() - t0) / reps
-    N = sum(p.numel() for p in model.parameters())  # FSDP2's DTensors: the whole model's numbers
-    model = batch = None  # freed before the matmul's
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    def measure(c):
+        """(positions, seconds a forward + backward, peak bytes or None, N) under config `c`."""
+        model = policy.load_policy(model_dir, c, device)
+        batch = packing.collate(mb, device, c.micro_batch_layout, c.activation_checkpointing)
+
+        def step():
+            logp, _ = tepo.response_logprobs(model, batch, 1.0, False, c.lm_head)
+            (-(batch["adv"][:, None] * logp * batch["mask"]).sum() / n_tokens).backward()
+            model.zero_grad(set_to_none=True)
+        step()  # the kernels' compilation and the allocator's first fill
+        sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        reps, t0 = 3, time.perf_counter()
+        for _ in range(reps):
+            step()
+        sync(device)
+        seconds = (time.perf_counter() - t0) / reps
+        peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+        N = sum(p.numel() for p in model.parameters())  # FSDP2's DTensors: the whole model's numbers
+        positions = packing.computed_tokens([mb], c.micro_batch_layout, c.activation_checkpointing)
+        return positions, seconds, peak, N
+
+    def freed():
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    positions, seconds, peak_bytes, N = measure(cfg)
+    freed()
+    from transformers import AutoConfig
+    L = AutoConfig.from_pretrained(model_dir).get_text_config().num_hidden_layers
+    others = []
+    for label, overrides in speed_variants(cfg, L, args.cpu):
+        try:
+            others.append((label, measure(load_config(config, base + overrides))))
+        except torch.OutOfMemoryError:
+            others.append((label, None))
+        freed()
     # the dtype the forward and backward computed in (policy.load_policy's rule for "auto")
     dtype = getattr(torch, {"auto": "bfloat16" if device.type == "cuda" else "float32"}.get(cfg.train_dtype,
                                                                                         cfg.train_dtype))
     peak = matmul_peak(device, dtype)
     tps = positions / seconds
     mfu = 6 * N * tps / peak
-    # one rank holds the whole model's fp32 weights and gradients (8N bytes); a rank of W, 1/W
-    memory = (f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (with the unsharded fp32 weights "
-              f"and gradients, {8 * N / 2**30:.1f} GiB, that a rank of 8 holds an eighth of)"
-              if device.type == "cuda" else "peak memory: on a GPU")
+
+    def memory(peak_bytes, N):  # one rank holds the whole model's fp32 weights and gradients (8N bytes)
+        return (f"peak {peak_bytes / 2**30:.1f} GiB (with the unsharded fp32 weights and gradients, "
+                f"{8 * N / 2**30:.1f} GiB, that a rank of 8 holds an eighth of)" if peak_bytes is not None
+                else "peak memory: on a GPU")
     ok = math.isfinite(tps) and tps > 0
     report(results, "speed", f"{tps:,.0f} tokens/s forward+backward ({positions:,} positions in {seconds:.3f} s), "
-           f"{memory}, MFU {mfu:.1%} (6N, N = {N / 1e9:.3g} B, of {peak / 1e12:.1f} TFLOP/s measured: a "
+           f"{memory(peak_bytes, N)}, MFU {mfu:.1%} (6N, N = {N / 1e9:.3g} B, of {peak / 1e12:.1f} TFLOP/s measured: a "
            f"{'bf16' if dtype == torch.bfloat16 else 'fp32'} matmul)", ok,
            f"{len(mb)} responses of {resp} after {len({s.gid for s in mb})} prompts of {prompt}, checkpointing "
-           f"{'on' if cfg.activation_checkpointing else 'off'}")
+           f"{'on' if cfg.activation_checkpointing else 'off'}, lm_head {cfg.lm_head}")
+    for label, got in others:
+        if got is None:
+            print(f"      speed, {label}: out of memory", flush=True)
+            continue
+        n, secs, pk, _ = got
+        print(f"      speed, {label}: {n / secs:,.0f} tokens/s ({secs:.3f} s), MFU {6 * N * n / secs / peak:.1%}, "
+              f"{'peak ' + format(pk / 2**30, '.1f') + ' GiB' if pk is not None else 'peak memory: on a GPU'}",
+              flush=True)
     # gpu_plan at this speed: its MFU counts FLOPs its own way (8N with checkpointing) of a spec sheet
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     gpu = next((k for k in gpu_plan.GPUS if k.upper() in name.upper()), None)

@@ -22,10 +22,16 @@ train.load_config). Assumptions (all per GPU = per rank; W = world size, N = par
   (2h), q/k/v before and after RoPE (2 x (q + 2kv)), attention output q (+ fp32 log-sum-exp
   per head), MLP gate, silu(gate), up, product (4I). With checkpointing: the layer inputs
   (T x h x 2 B x layers) plus one layer's full activations (recomputed in the backward).
-- Logits: train.py keeps only response positions (logits_to_keep), bf16, T x V x 2 B (upper bound:
-  every token a response position); tepo._ChunkedLogProb saves them and its backward writes a
-  gradient of the same size, so 2 x T x V x 2 B at the lm_head backward, plus two fp32 chunk
-  buffers of 2^24 logits (128 MiB). The no-grad old pass holds the logits once.
+- The LM head (config `lm_head`). chunked (auto's choice for every model here): the log-probs come
+  from the last hidden states through the head's weight in chunks of C = 2^26 logits
+  (tepo.head_logprobs_entropy): no T x V tensor; at most one chunk's logits at a time, bf16 and
+  fp32 copies and the fp32 gradient and softmax, C x 16 B (1 GiB), plus the weight's gradient summed
+  in fp32 and a bf16 chunk's of it, V x h x 6 B. The backward recomputes each chunk's logits: +2 V h
+  FLOPs a position (~4% of the 1.5B's update), not in the times below, which rest on the speed
+  measured with the logits. logits (the path of before): train.py keeps only response positions
+  (logits_to_keep), bf16, T x V x 2 B (upper bound: every token a response position);
+  tepo._ChunkedLogProb saves them and its backward writes a gradient of the same size, so
+  2 x T x V x 2 B at the lm_head backward, plus two fp32 chunk buffers of 2^24 logits (128 MiB).
 - vLLM: gpu_memory_utilization x GPU memory = bf16 weights (2N) + 1.5 GiB assumed for its
   activation/sampler peak + KV cache; KV bytes/token = 2 x layers x kv_heads x head_dim x 2 B.
   Needed per rank: prompts/rank x (prompt + G x response) with prefix caching (the G samples share
@@ -102,10 +108,26 @@ MEASURED = dict(gpu="NVIDIA H200", model="1.5b", tokens_per_s=24.9e3, prompt=150
 def flops_per_token(m, S, checkpointing=True):
     """The update's FLOPs per trained position as the plan counts them: 8N with activation
     checkpointing (the forward recomputed), 6N without, plus causal attention over S positions
-    (2 x layers x q_dim x S a forward; x4 with checkpointing, x3 without)."""
+    (2 x layers x q_dim x S a forward; x4 with checkpointing, x3 without). `checkpointing` may be
+    the share of the layers checkpointed (config checkpoint_layers / layers): (6 + 2 r) N."""
     N = params(m)[2]
     attn = 2 * m["L"] * m["heads"] * m["hd"] * S
-    return (8 * N + 4 * attn) if checkpointing else (6 * N + 3 * attn)
+    r = float(checkpointing)
+    return (6 + 2 * r) * N + (3 + r) * attn
+
+
+def checkpointing(cfg):
+    """`cfg`'s activation checkpointing in words: off, on, or on its first N layers."""
+    if not cfg.activation_checkpointing:
+        return "off"
+    return "on" if cfg.checkpoint_layers is None else f"on the first {cfg.checkpoint_layers} layers"
+
+
+def recomputed(cfg, m):
+    """The share of the decoder layers activation checkpointing recomputes under `cfg`."""
+    if not cfg.activation_checkpointing:
+        return 0.0
+    return 1.0 if cfg.checkpoint_layers is None else min(cfg.checkpoint_layers, m["L"]) / m["L"]
 
 
 def measured_mfu(peak=989e12):
@@ -116,6 +138,18 @@ def measured_mfu(peak=989e12):
     m = model_shapes(MEASURED["model"])
     S = MEASURED["prompt"] + MEASURED["response"]
     return MEASURED["tokens_per_s"] * flops_per_token(m, S, MEASURED["checkpointing"]) / peak
+
+
+HEAD_CHUNK = 2 ** 26  # tepo.HEAD_CHUNK_ELEMS: the chunked head's logits at a time
+
+
+def head_bytes(cfg, m, T):
+    """The update's memory for the log-probs at the LM head, one micro-batch of T positions: the
+    chunked head's one chunk and its weight's gradient sums, or (lm_head: logits) the bf16 logits and
+    their gradient, T x V x 2 B each, with _ChunkedLogProb's two fp32 buffers of 2^24."""
+    if cfg.lm_head == "logits":
+        return 2 * T * m["V"] * 2 + 2 * 2 ** 24 * 4
+    return HEAD_CHUNK * 16 + m["V"] * m["h"] * 6
 
 
 def shapes_from_config(path):
@@ -273,7 +307,7 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
     print(f"setting: {cfg.prompts_per_step} prompts x {G} samples ({ppr} prompts/rank), prompt "
           f"{prompt} tok (assumed mean; cap {cfg.max_prompt_len}), response {resp} tok (assumed "
           f"mean; cap {cfg.max_new_tokens}), micro_batch_tokens {T}, "
-          f"checkpointing {'on' if cfg.activation_checkpointing else 'off'}")
+          f"checkpointing {checkpointing(cfg)}, lm_head {cfg.lm_head}")
     row = lambda what, b, note="": print(f"  {what:<44}{b / GiB:>8.2f} GiB  {note}")  # noqa: E731
     print("trainer states (FSDP2-sharded over W):")
     states = {"fp32 master weights 4N/W": 4 * N / W, "fp32 grads 4N/W": 4 * N / W,
@@ -286,19 +320,24 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
     row("transient fp32 unsharded root grad", 4 * root, "(at its reduce-scatter)")
     per_layer = act_bytes_per_token_layer(m)
     full = T * per_layer * m["L"]
-    ckpt = T * m["h"] * 2 * m["L"] + T * per_layer
+    k = round(recomputed(cfg, m) * m["L"]) if cfg.activation_checkpointing else m["L"]
+    ckpt = T * m["h"] * 2 * k + T * per_layer * (m["L"] - k) + (T * per_layer if k else 0)
     print(f"activations, one micro-batch of {T} tokens ({per_layer / m['h']:.0f} x h = "
           f"{per_layer / 1024:.0f} KiB per token per layer):")
     row("  without checkpointing: T x per-layer x L", full)
-    row("  with checkpointing: inputs + 1 layer", ckpt)
-    logits = T * m["V"] * 2
-    row("logits bf16 T x V x 2 B (+ its grad: x2)", 2 * logits + 2 * 2 ** 24 * 4,
-        "(+ 2 fp32 chunk buffers of 2^24)")
+    row(f"  with checkpointing: inputs + 1 layer" + (f" ({k} of {m['L']} layers; the rest whole)"
+                                                      if k < m["L"] else ""), ckpt)
+    head = head_bytes(cfg, m, T)
+    if cfg.lm_head == "logits":
+        row("logits bf16 T x V x 2 B (+ its grad: x2)", head, "(+ 2 fp32 chunk buffers of 2^24)")
+    else:
+        row("LM head in chunks: C x 16 B + V x h x 6 B", head, f"(no T x V logits: they were "
+            f"{2 * T * m['V'] * 2 / GiB:.2f} GiB with their gradient; lm_head: logits)")
     nb = -(-T // 128)
     row("attention mask of a packed row", 2 * 2 * nb * nb * 4, f"(block masks of (T / 128)^2 tiles; "
         f"before: a T x T bool, {T * T / GiB:.2f} GiB kept, ~3x that while built)")
     act = ckpt if cfg.activation_checkpointing else full
-    update = sum(states.values()) + gathered + act + 2 * logits + 2 ** 27 + CTX + ASLEEP + 16 * nb * nb
+    update = sum(states.values()) + gathered + act + head + CTX + ASLEEP + 16 * nb * nb
     update_peak2 = sum(states.values()) + gathered + 4 * root + CTX + ASLEEP  # at reduce-scatter
     # vLLM
     budget = cfg.gpu_memory_utilization * mem
@@ -328,11 +367,12 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
     print(f"phase memory per GPU (of {mem / GiB:.1f} GiB):")
     row("rollout: master + Adam + vLLM + ctx", rollout_mem,
         fits(rollout_mem) if engine_ok else "DOES NOT FIT (engine, above)")
-    row("update: states + gathered + act + logits", update, fits(update))
+    row("update: states + gathered + act + head", update, fits(update))
     row("update: optimizer-side peak (reduce-scatter)", update_peak2, fits(update_peak2))
     if update > mem:
-        free = mem - (update - 2 * logits - act)  # what scales with T: logits (x2) + activations
-        per_tok = 2 * m["V"] * 2 + act / T
+        scales = head if cfg.lm_head == "logits" else 0   # what scales with T: the logits (x2), activations
+        free = mem - (update - scales - act)
+        per_tok = scales / T + act / T
         print(f"  -> micro_batch_tokens <= ~{max(free, 0) / per_tok / 1e3:.0f}k would fit (estimate)")
     # time
     S = prompt + resp
@@ -346,8 +386,8 @@ def plan(cfg, m, gpu, W, mfu, hbm_frac, resp, prompt, sd=None, equal=0.4):
           f"rank computes {pos['update'] / 1e3:.0f}k positions in the update ({pos['update'] / pos['update_mean']:.3f}x "
           f"the mean rank{before}) and {pos['old'] / 1e3:.0f}k in the old pass ({pos['old'] / pos['old_mean']:.3f}x): "
           f"the busiest rank's count in the times below (packing.deal, simulated)")
-    k_mult = 4 if cfg.activation_checkpointing else 3
-    upd_flops = pos["update"] * ((8 if cfg.activation_checkpointing else 6) * N + k_mult * attn_fwd)
+    r = recomputed(cfg, m)
+    upd_flops = pos["update"] * ((6 + 2 * r) * N + (3 + r) * attn_fwd)
     old_flops = pos["old"] * (2 * N + attn_fwd)
     prefill = ppr * prompt * (2 * N + attn_fwd * prompt / S)
     steps = cfg.max_new_tokens

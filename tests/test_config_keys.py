@@ -32,6 +32,7 @@ OTHER = {"model": "m2", "train_data": "d2", "eval_data": "e.jsonl", "prompt_temp
          "failed_reward": -2.0, "dynamic_sampling": "true", "max_sampling_tries": 5,
          "overlong_buffer": 100, "overlong_factor": 2.0, "backend": "hf", "dtype": "bfloat16",
          "train_dtype": "bfloat16", "gpu_memory_utilization": 0.8, "activation_checkpointing": "true",
+         "checkpoint_layers": 3, "lm_head": "logits", "compile": "true",
          "eval_every": 5, "eval_n": 4, "eval_max_problems": 10, "save_every": 5, "keep_last": 3,
          "log_samples_every": 0, "full_batch_metrics": "false", "max_bad_steps": 2,
          "reward_timeout": 2.0, "max_reward_errors": 0.5, "loggers": "[jsonl, tensorboard]",
@@ -40,7 +41,7 @@ OTHER = {"model": "m2", "train_data": "d2", "eval_data": "e.jsonl", "prompt_temp
 ALWAYS_FREE = {"out_dir", "eval_data", "eval_every", "eval_n", "eval_max_problems", "save_every",
                "keep_last", "log_samples_every", "full_batch_metrics", "loggers", "wandb_project",
                "wandb_run_name", "max_bad_steps", "max_reward_errors", "packed_attention",
-               "activation_checkpointing", "gpu_memory_utilization"}
+               "activation_checkpointing", "checkpoint_layers", "lm_head", "compile", "gpu_memory_utilization"}
 # Free on the default tepo run (constant schedule, no dynamic sampling, no overlong buffer, no
 # Clip-Cov micro-batch selection), defining elsewhere: FREE_UNLESS below.
 FREE_ON_TEPO = {"steps", "min_lr_ratio", "micro_batch_tokens", "micro_batch_layout",

@@ -57,6 +57,11 @@ SETTINGS = {
                                                             "cov_lb": 0.0, "cov_ub": 100.0}),
     # the rollout in float16
     "tepo-float16": dict(dtype="float16"),
+    # the update's log-probs from the model's logits (the path of before; every other run here takes
+    # them from the hidden states in chunks: lm_head auto); activation checkpointing on 1 of the 2
+    # layers, each layer compiled (its compile time said at start)
+    "tepo-lm-head-logits": dict(lm_head="logits"),
+    "tepo-checkpoint-one-layer-compiled": dict(activation_checkpointing=True, checkpoint_layers=1, compile=True),
     # the real graders, each alone (the boxed model answers 7 or 8: right about half the time)
     "grader-rule": dict(reward="rule", format_reward=0.2, boxed=True),
     "grader-math_verify": dict(reward="math_verify", boxed=True),

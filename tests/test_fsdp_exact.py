@@ -1,6 +1,9 @@
 """Two FSDP2 ranks, each with half of a batch, produce exactly the gradient of one process with all
 of it: the loss normalisation by global counts plus summed (not averaged) rank gradients. And when
-one rank sampled everything, balance_ranks deals the sequences out evenly, the gradient unchanged."""
+one rank sampled everything, balance_ranks deals the sequences out evenly, the gradient unchanged.
+The ranks take the update's log-probs from the hidden states through the head in chunks (lm_head
+auto), the one process from the model's logits: the tied embedding's gradient, its head's part
+read from the root's gathered weight, is reduce-scattered as the rest."""
 import os
 import subprocess
 import sys
@@ -40,7 +43,7 @@ def forwards(model, my_seqs, share, fsdp, layout="packed"):
         return
     for mb in packing.micro_batches(my_seqs, budget=40, layout="grouped"):
         b = packing.collate(mb, torch.device("cpu"), "grouped", rows=not share)
-        yield b, tepo.response_logprobs(model, b, 1.0, False)[0]
+        yield b, tepo.response_logprobs(model, b, 1.0, False, "logits")[0]   # the model's logits
 
 def grads(model, my_seqs, share, fsdp, layout="packed"):
     for b, logp in forwards(model, my_seqs, share, fsdp, layout):

@@ -44,6 +44,14 @@ def test_gpu_check_passes_in_its_cpu_form_without_vllm_or_weights(tmp_path):
     # ... of the config's groups (math1.5b's group_size 8), not the one-step check's 4 a prompt
     shape = re.search(r"(\d+) responses of \d+ after (\d+) prompts of", speed)
     assert shape and int(shape[1]) == 8 * int(shape[2]), speed
+    assert "checkpointing on, lm_head auto" in speed
+    # under it, the same micro-batch through the head of before, without checkpointing, and
+    # checkpointing half the layers (compiled: a GPU's only)
+    for label in ("lm_head logits (the path of before)", "checkpointing off", "checkpointing off, lm_head logits",
+                  "checkpointing the first 1 of 2 layers"):
+        assert re.search(rf"\n      speed, {re.escape(label)}: [\d,]+ tokens/s \([\d.]+ s\), MFU [\d.]+%", run.stdout), label
+    assert "each layer compiled" not in run.stdout
+    assert "update: log-probs from the last hidden states through the LM head in chunks" in run.stdout
     assert re.search(r"gpu_plan, configs/math1.5b-tepo.yaml with this model on 8 x H100 80GB \(a stand-in: "
                      r"this is no GPU it knows\): [\d.]+ s a step at this speed", run.stdout), run.stdout
 

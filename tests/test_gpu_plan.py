@@ -139,3 +139,35 @@ def test_the_plan_reads_the_configs_model_and_runs_at_the_measured_speed(capsys,
     assert 0.23 < 6 * gpu_plan.params(m)[2] * 24.9e3 / 989e12 < 0.234  # 23.3% of the spec sheet at 6N
     with pytest.raises(SystemExit, match="give --model"):
         gpu_plan.config_model("someone/some-model")
+
+
+def test_the_plans_update_memory_follows_the_lm_head_and_the_checkpointed_layers():
+    """The update's memory at the LM head: lm_head chunked (auto, the default) holds one chunk of
+    2^26 logits' buffers and the weight gradient's sums, not the bf16 logits and their gradient
+    (2 x T x V x 2 B: 18.5 GiB at the 1.5B config's 32,768 positions), which halves the update's
+    memory above the weights; checkpoint_layers k of L keeps the other layers' activations whole
+    and recomputes a share k / L of the forward."""
+    import contextlib
+    import dataclasses
+    import io
+    cfg = train.load_config(os.path.join(ROOT, "configs", "math1.5b-tepo.yaml"))
+    m = gpu_plan.model_shapes("1.5b")
+    T, V, h, L = cfg.micro_batch_tokens, m["V"], m["h"], m["L"]
+
+    def plan(**changes):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            figures = gpu_plan.plan(dataclasses.replace(cfg, **changes), m, "h100", 8, 0.3, 0.6, 1536, 150)
+        return figures, out.getvalue()
+    (chunked, text), (logits, before) = plan(), plan(lm_head="logits")
+    assert cfg.lm_head == "auto" and "LM head in chunks" in text and "logits bf16 T x V" in before
+    saved = (2 * T * V * 2 + 2 * 2 ** 24 * 4) - (2 ** 26 * 16 + V * h * 6)
+    assert (logits["update_gib"] - chunked["update_gib"]) * gpu_plan.GiB == pytest.approx(saved)
+    weights = 16 * gpu_plan.params(m)[2] / 8 / gpu_plan.GiB       # master, grads, Adam: sharded over 8
+    assert chunked["update_gib"] - weights < 0.5 * (logits["update_gib"] - weights)
+    assert chunked["update_s"] == logits["update_s"]                 # the time rests on the measured speed
+    some, _ = plan(checkpoint_layers=L // 2)
+    none, _ = plan(activation_checkpointing=False)
+    assert chunked["update_gib"] < some["update_gib"] < none["update_gib"]
+    assert none["update_s"] < some["update_s"] < chunked["update_s"]
+    assert some["update_s"] == pytest.approx((chunked["update_s"] + none["update_s"]) / 2)
+    assert plan(checkpoint_layers=L)[0] == chunked
