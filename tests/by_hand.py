@@ -71,21 +71,26 @@ class Result:
     given: list          # Scripted.given
     out_dir: str
     rows: list = None    # the training rows (with prompt_ids)
+    evals: list = None   # per held-out evaluation: {"step", "rows", "outputs": n Samples a problem}
+    eval_file: list = None  # the held-out file's rows
 
 
 def toy_rows(n=40):
     return [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)]
 
 
-def ragged(engine, lengths):
-    """The engine, its training draws cut to lengths[j] tokens for the j-th response of each prompt
-    (where it is longer), as responses that stopped there: the tiny random model never stops
-    before max_new_tokens, and a batch of one length hides every rule about padding."""
+def recorded(engine, lengths, evals):
+    """The engine, its held-out samples recorded (evals[-1]["outputs"]) and its training draws cut
+    to lengths[j] tokens for the j-th response of each prompt (where it is longer), as responses
+    that stopped there: the tiny random model never stops before max_new_tokens, and a batch of
+    one length hides every rule about padding."""
     generate = engine.generate
 
     def cut(prompts, n=1, **kw):
         out = generate(prompts, n=n, **kw)
-        if kw.get("seeds") is None:  # not a held-out evaluation's
+        if kw.get("seeds") is not None:  # a held-out evaluation's
+            evals[-1]["outputs"] += out
+        elif lengths:
             for group in out:
                 for j, s in enumerate(group):
                     if lengths[j % len(lengths)] < len(s.response_ids):
@@ -98,9 +103,9 @@ def ragged(engine, lengths):
     return engine
 
 
-def run_steps(tmp, model_dir, reward_fn, lengths=None, **config):
+def run_steps(tmp, model_dir, reward_fn, lengths=None, eval_rows=None, **config):
     """train.main on one rank in this process, its phases recorded; the responses cut to `lengths`
-    (ragged). -> Result"""
+    (ragged); `eval_rows` the held-out data. -> Result"""
     import torch.distributed as dist
 
     import rollout
@@ -111,13 +116,22 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, **config):
                prompt_template="{problem} \\boxed{}\n", steps=1, prompts_per_step=2, group_size=4,
                max_prompt_len=64, max_new_tokens=12, num_minibatches=2, micro_batch_tokens=256,
                lr=1e-2, log_samples_every=0, backend="hf")
+    if eval_rows:
+        cfg["eval_data"] = os.path.join(tmp, "held_out.jsonl")
+        with open(cfg["eval_data"], "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in eval_rows)
     cfg.update(config)
     path = os.path.join(tmp, "config.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
-    steps, phase, current, rows = [], ["-"], [None], []
+    steps, phase, current, rows, evals = [], ["-"], [None], [], []
     real = {name: getattr(train, name) for name in ("sample_and_grade", "old_logprobs", "update_policy",
-                                                     "lockstep_forwards", "micro_batch_loss", "clip_and_step")}
+                                                     "lockstep_forwards", "micro_batch_loss", "clip_and_step",
+                                                     "evaluate")}
+
+    def evaluate(run):
+        evals.append(dict(step=run.state.step, rows=[dict(r) for r in run.eval_rows], outputs=[]))
+        return real["evaluate"](run)
 
     def sample_and_grade(run, *, step):
         rows[:] = run.rows
@@ -162,12 +176,12 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, **config):
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(reward, "math_reward", reward_fn)
-        if lengths:
-            make = rollout.make_engine
-            m.setattr(rollout, "make_engine", lambda *a, **kw: ragged(make(*a, **kw), lengths))
+        make = rollout.make_engine
+        m.setattr(rollout, "make_engine", lambda *a, **kw: recorded(make(*a, **kw), lengths, evals))
         for name, fn in dict(sample_and_grade=sample_and_grade, old_logprobs=old_logprobs,
                              update_policy=update_policy, lockstep_forwards=lockstep_forwards,
-                             micro_batch_loss=micro_batch_loss, clip_and_step=clip_and_step).items():
+                             micro_batch_loss=micro_batch_loss, clip_and_step=clip_and_step,
+                             evaluate=evaluate).items():
             m.setattr(train, name, fn)
         m.setattr(train, "save_or_stop", lambda run, *, step: None)  # no checkpoint: not what is read here
         for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -182,21 +196,27 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, **config):
     with open(os.path.join(cfg["out_dir"], "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     return Result(train.load_config(path), records, steps, getattr(reward_fn, "given", []), cfg["out_dir"],
-                  [dict(r) for r in rows])
+                  [dict(r) for r in rows], evals, eval_rows)
 
 
 # ----------------------------------------------------------------------------- the references
 
 
 def k3(logp, target):
-    """KL(pi || target) by k3, from tokens sampled from pi: e^d - d - 1, d = target - logp."""
-    d = target - logp
-    return torch.exp(d) - d - 1
+    """KL(pi || target) by k3, from tokens sampled from pi: e^d - d - 1, d = target - logp clamped
+    to +-20 (tepo.kl_estimate's rule: one wild token cannot overflow exp)."""
+    return kl_of_kind(logp, target, "k3")
 
 
 def kl_of_kind(logp, target, kind):
-    d = target - logp
+    d = (target - logp).clamp(-20, 20)
     return {"k1": -d, "k2": 0.5 * d ** 2, "k3": torch.exp(d) - d - 1}[kind]
+
+
+def k3_weight(logp, target):
+    """|d k3 / d log pi| per token: |1 - e^d| where |d| <= 20, 0 past the clamp (constant there)."""
+    d = target - logp
+    return torch.where(d.abs() <= 20, (1 - torch.exp(d)).abs(), 0.0)
 
 
 def shaped_by_hand(cfg, raw, n_tokens):
@@ -335,7 +355,7 @@ def cov_by_hand(lc, items):
     return ~clipped & (cov > lc.cov_lb) & (cov < lc.cov_ub), n, cov
 
 
-def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True):
+def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, check_selection=True):
     """The update's metrics (actor/, loss/, mismatch/is_weight and /masked_frac, actor/trained_tokens,
     the log-ratio tail, optimizer steps, grad norm, lr) of one RL step, from the mini-batches and
     each micro-batch's forward. Per optimizer step: each loss term aggregated as its method says
@@ -345,7 +365,8 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True):
     (ratio_min / _max: the extremes over them all). grad_w: each term's sum over tokens of
     |d term / d log pi_t|, where the mask can act (kl_mask_target old: after the step's first
     optimizer step taken), divided by the steps where it was measured (`grad_w_over_measured`)
-    or by all of them. Clip-Cov / KL-Cov: the selection is checked against its definition."""
+    or by all of them. Clip-Cov / KL-Cov: the selection is checked against its definition
+    (`check_selection`)."""
     lc = cfg.loss_cfg
     mbs = st.minibatches
     k_of = {id(s): k for k, mb in enumerate(mbs) for s in mb}
@@ -411,8 +432,7 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True):
                 if lc.kl_mask_target == "ref" or m["after_taken"]:
                     measured.add(k)
                     add("actor/grad_w_policy", (dloss * w).abs().sum() * per)
-                    add("actor/grad_w_kl_mask", lc.kl_mask_coef
-                        * ((1 - torch.exp(target - lp)).abs() * mask_tokens).sum() / tokens[k])
+                    add("actor/grad_w_kl_mask", lc.kl_mask_coef * (k3_weight(lp, target) * mask_tokens).sum() / tokens[k])
             else:
                 add("loss/kl_mask", 0.0)
             n = trained[k]
@@ -432,7 +452,7 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True):
                 add("mismatch/is_weight", w.sum() / n)
                 if lc.is_correction == "mask":
                     add("mismatch/masked_frac", (w == 0).sum() / n)
-    if lc.cov != "none":  # the selection, against its definition
+    if lc.cov != "none" and check_selection:  # the selection, against its definition
         for k, items in by_step.items():
             batches = [items]  # over the mini-batch; microbatch: each of the update's micro-batches
             if lc.cov_batch == "microbatch":
@@ -468,6 +488,63 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True):
     return out
 
 
+# Student's t, two-sided 95%, by degrees of freedom, to the usual table's 3 decimals (table.py's;
+# exactly 12.7062, 4.3027, 3.1824, 2.7764)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
+
+
+def eval_by_hand(rows, outputs, n, judge):
+    """eval/ metrics of a held-out evaluation: outputs[i] the n samples (with .text) of problem i,
+    judge(text, gold) -> correct (raising: a grader failure, counted, wrong). Accuracy over every
+    sample; pass@k = 1 - C(n - c, k) / C(n, k) averaged over the problems, k = 1, 2, 4, ... <= n;
+    the 95% half-width by Student's t over the problems' accuracies."""
+    correct, failures = [], 0
+    for row, samples in zip(rows, outputs):
+        c = 0
+        for s in samples:
+            try:
+                c += bool(judge(s.text, row["answer"]))
+            except Exception:
+                failures += 1
+        correct.append(c)
+    P = len(rows)
+    out = {"eval/accuracy": sum(correct) / (P * n)}
+    k = 1
+    while k <= n:
+        out[f"eval/pass@{k}"] = sum(1 - math.comb(n - c, k) / math.comb(n, k) for c in correct) / P
+        k *= 2
+    if P > 1:
+        acc = [c / n for c in correct]
+        mean = sum(acc) / P
+        out["eval/accuracy_ci95"] = T975[P - 1] * math.sqrt(sum((a - mean) ** 2 for a in acc) / (P - 1) / P)
+    if failures:
+        out["eval/grader_failures"] = failures
+    return out
+
+
+def held_out_by_hand(result, step):
+    """The eval/ keys of the record of `step` (0: before training), by hand; {} where none ran.
+    Graded by the rules (reward.grade), which is what the run's grader does on these texts (no
+    answer a rule finds, so no second opinion is asked); eval/dropped_long_prompts at step 0: the
+    held-out prompts longer than max_prompt_len, tokenized here."""
+    import data
+    cfg = result.cfg
+    done = [e for e in (result.evals or []) if e["step"] == step]
+    if not done:
+        return {}
+    (e,) = done
+    grade = lambda text, gold: reward.grade(text, gold, second_opinion=False)[1]  # noqa: E731
+    out = eval_by_hand(e["rows"], e["outputs"], cfg.eval_n, grade)
+    if step == 0:
+        tok = data.load_tokenizer(cfg.model)
+        long = sum(len(data.encode_prompt(tok, r["problem"], cfg.prompt_template)[1]) > cfg.max_prompt_len
+                   for r in result.eval_file)
+        assert len(e["rows"]) == len(result.eval_file) - long
+        if long:
+            out["eval/dropped_long_prompts"] = long
+    return out
+
+
 def expected_record(result, i, model_dir, **kw):
     """Every metric of RL step i's record (timings apart), by hand. -> dict"""
     cfg, st = result.cfg, result.steps[i]
@@ -479,6 +556,7 @@ def expected_record(result, i, model_dir, **kw):
     out.update(old_policy_by_hand(cfg, st.minibatches, plain_model(model_dir, st.weights)))
     skipped = sum(not o["taken"] for s in result.steps[:i] for o in s.opt)
     out.update(update_by_hand(cfg, st, i, skipped_before=skipped, **kw))
+    out.update(held_out_by_hand(result, i + 1))
     return out
 
 

@@ -34,8 +34,8 @@ LIMITS = [("keep_last", [0], [-1]), ("group_size", [2], [1]),
           ("top_p", [1e-9, 1.0], [0.0, 1.0 + 1e-9]), ("gpu_memory_utilization", [1e-9, 1.0], [0.0, 1.0 + 1e-9]),
           ("min_lr_ratio", [0.0, 1.0], [-1e-9, 1.0 + 1e-9]), ("max_reward_errors", [0.0, 1.0], [-1e-9, 1.0 + 1e-9]),
           ("betas", [(0.0, 0.0), (0.9, 0.999999)], [(1.0, 0.9), (0.9, 1.0), (-1e-9, 0.9)])]
-LIMITS += [(k, [1], [0]) for k in ("steps", "prompts_per_step", "max_prompt_len", "num_minibatches",
-                                   "micro_batch_tokens", "max_sampling_tries", "eval_n")]
+LIMITS += [(k, [1], [0]) for k in ("steps", "prompts_per_step", "max_prompt_len", "max_new_tokens",
+                                   "num_minibatches", "micro_batch_tokens", "max_sampling_tries", "eval_n")]
 LIMITS += [(k, [1e-9], [0.0]) for k in ("lr", "temperature", "grad_clip", "reward_timeout")]
 LIMITS += [(k, [0], [-1]) for k in ("warmup_steps", "eval_every", "eval_max_problems", "save_every",
                                     "log_samples_every", "max_bad_steps")]
@@ -352,6 +352,26 @@ def test_spread_takes_responses_that_fit_the_share_exactly():
     assert packing.spread([[a, b, c]], [0, 2]) == [[a, b], [c]]
 
 
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_the_block_mask_at_a_row_of_one_tile_less_exactly_and_more(extra):
+    """segment_block_mask on rows of 2 x 128 - 1, 2 x 128 and 2 x 128 + 1 positions (the last tile
+    short, whole, or of one position): every tile full or partial exactly as the dense rule says."""
+    from test_packing import dense_rule, packed_row
+    _, batch = packed_row([100, 20], [[100, 36 + extra], [1]])
+    row = batch["row"]
+    T = len(row.pos)
+    assert T == 2 * packing.BLOCK + 1 + extra
+    want = dense_rule(row.segments, row.pos.tolist(), None)
+    bm = row.block_mask(None)
+    nb = -(-T // packing.BLOCK)
+    B = packing.BLOCK
+    tiles = [[want[i * B:(i + 1) * B, j * B:(j + 1) * B] for j in range(nb)] for i in range(nb)]
+    for num, idx, rule in ((bm.full_kv_num_blocks, bm.full_kv_indices, lambda t: t.all()),
+                           (bm.kv_num_blocks, bm.kv_indices, lambda t: t.any() and not t.all())):
+        for i in range(nb):
+            assert set(idx[0, 0, i, :num[0, 0, i]].tolist()) == {j for j in range(nb) if rule(tiles[i][j])}, i
+
+
 def test_causal_masks_at_the_window_and_one_past_it():
     from torch.nn.attention.bias import CausalBias
     assert isinstance(packing.causal_mask(3, 5, 5, "cpu"), CausalBias)      # the window holds every key
@@ -397,6 +417,28 @@ def test_cpu_lists_one_per_local_rank(monkeypatch):
     assert rollout._bind_cpus(1, 2) == sorted(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match="no CPU list for local rank 2"):
         rollout._bind_cpus(2, 3)
+
+
+def test_temperature_zero_is_greedy_and_above_it_samples(tiny_model_dir):
+    """The transformers engine samples when temperature > 0 (two seeds, two responses) and takes
+    the argmax at 0 (whatever the seed), with log-probs at temperature 1 there."""
+    from by_hand import plain_logprobs, plain_model
+    engine = rollout.make_engine(tiny_model_dir, backend="hf", max_model_len=32)
+    prompt = [3, 4, 5]
+    greedy = [engine.generate([prompt], n=1, max_new_tokens=6, temperature=0.0, top_p=1.0, seed=s)[0][0]
+              for s in (1, 2)]
+    assert greedy[0].response_ids == greedy[1].response_ids
+    model = plain_model(tiny_model_dir, engine.model.state_dict())
+    ids = list(prompt)
+    for tok in greedy[0].response_ids:
+        with torch.no_grad():
+            assert tok == int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+        ids.append(tok)
+    (logp, _), = plain_logprobs(model, [SimpleNamespace(prompt=prompt, resp=greedy[0].response_ids)], 1.0)
+    assert greedy[0].logprobs == pytest.approx(logp.tolist(), abs=1e-5)
+    sampled = [engine.generate([prompt], n=1, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=s)[0][0]
+               for s in (1, 2)]
+    assert sampled[0].response_ids != sampled[1].response_ids
 
 
 @pytest.mark.parametrize("experts,why", [(0, False), (1, True)])
@@ -477,15 +519,28 @@ def test_eval_says_which_prompts_the_context_clips_or_leaves_out(lengths, clippe
 
 @pytest.mark.parametrize("flag,bad,good", [("--max-problems", "0", "1"), ("-n", "0", "1"),
                                            ("--max-new-tokens", "0", "1"), ("--chunk-size", "0", "1"),
-                                           ("--k", "3", "2"), ("--k", "0", "1")])
+                                           ("--k", "3", "2"), ("--k", "0", "1"), ("-n", "2", "1")])
 def test_eval_flags_on_both_sides(tmp_path, tiny_model_dir, flag, bad, good):
+    """Each flag's least value passes and the one below it is refused; --k up to n (2); n > 1 is
+    refused at temperature 0 (n identical samples), n = 1 is not."""
     rows = tmp_path / "b.jsonl"
     rows.write_text(json.dumps({"problem": "p", "answer": "1"}) + "\n")
     base = ["--ckpt", tiny_model_dir, "--data", str(rows), "--grader", "rule"]
     base += ["-n", "2"] if flag in ("--k",) else []
+    base += ["--temperature", "0"] if (flag, bad) == ("-n", "2") else []
     assert ev.parse_args(base + [flag, good])
     with pytest.raises(SystemExit):
         ev.parse_args(base + [flag, bad])
+
+
+@pytest.mark.parametrize("size,n,named", [(99, 32, False), (100, 32, True), (100, 4, False), (99, 4, True)])
+def test_the_paper_protocols_n_named_as_a_departure_by_the_size_of_100(size, n, named):
+    """preset_overrides names `-n` where a benchmark's samples are not the paper's for its size:
+    32 under 100 problems, 4 from 100 on."""
+    args = SimpleNamespace(preset="paper", data=[], greedy=False, given={}, max_problems=None,
+                           grader=ev.reward.DEFAULT_GRADER, n=n)
+    rows = [{"problem": f"p{i}", "answer": "1"} for i in range(size)]
+    assert (f"-n {n}" in ev.preset_overrides(args, {"mine": (n, [1])}, {"mine": rows})) == named
 
 
 @pytest.mark.parametrize("cut,warned", [(2, False), (3, True)])

@@ -3,9 +3,18 @@ logs (tests/by_hand.py: the references, and a runner that records what each phas
 given). One RL step (two where a rule spans steps) in this process on one rank per setting; each
 record is compared key for key, so a metric logged without a reference fails too.
 """
-import pytest
+from types import SimpleNamespace
 
-from by_hand import Scripted, check_timings, compare, expected_record, run_steps
+import numpy as np
+import pytest
+import torch
+
+import rollout
+import tepo
+import train
+from by_hand import (Scripted, StepRecord, check_timings, compare, eval_by_hand, expected_record, held_out_by_hand,
+                     run_steps, update_by_hand)
+from checkpoint import TrainState
 
 # Rewards in grading order: group by group, sample by sample. "1 0 0 1" spreads a group of 4.
 SPREAD, RIGHT, WRONG = [1, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0]
@@ -24,6 +33,10 @@ def step(tmp_path_factory, tiny_model_dir):
     return get
 
 
+# held out before and after the step (the first step is the last): 3 problems and one whose prompt
+# passes max_prompt_len (dropped, counted)
+HELD_OUT = [{"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)] + [
+    {"problem": "Long " * 20 + "1 + 1?", "answer": "2"}]
 RAGGED = [12, 5, 9, 2]  # response lengths (cut): a ragged batch, padding in every micro-batch
 
 SETTINGS = {
@@ -43,7 +56,7 @@ SETTINGS = {
     # GRPO: the KL to pi_ref by k2 trains every response (A = 0 too), the layout of before; the
     # first step of a warm-up
     "grpo": (SPREAD + RIGHT, dict(method="grpo", loss={"kl_kind": "k2"}, micro_batch_layout="grouped",
-                                  warmup_steps=2, lengths=[12, 4, 8, 11])),
+                                  warmup_steps=2, lengths=[12, 4, 8, 11], eval_rows=HELD_OUT, eval_n=2)),
     # Dr.GRPO's sum-norm, an entropy bonus, the truncated IS weight per sequence
     "drgrpo": (SPREAD + [0, 1, 1, 1], dict(method="drgrpo", loss={"entropy_coef": 0.01, "is_correction": "tis",
                                                                   "is_level": "sequence", "is_cap": 1.5},
@@ -80,6 +93,9 @@ def test_every_metric_of_the_step_by_hand(step, tiny_model_dir, name):
     for i, record in enumerate(records):
         compare(record, expected_record(result, i, tiny_model_dir), skip=SKIP.get(name, ()))
         check_timings(record)
+    if result.evals:  # the record before training: the held-out evaluation alone
+        assert result.records[0]["step"] == 0
+        compare(result.records[0], held_out_by_hand(result, 0))
 
 
 @pytest.mark.xfail(strict=True, reason="update_metrics divides the mask's gradient weights by every "
@@ -137,3 +153,114 @@ def test_the_old_pass_forwards_each_later_mini_batch_as_the_update_does(step):
     assert old[:2] == update[1:]
     zero = {id(s) for mb in st.minibatches for s in mb if not s.in_loss}
     assert len(old) == 3 and {i for mb in old[2] for i in mb} == zero and len(zero) == 2
+
+
+# ----------------------------------------------------------------------------- the loss's own metrics
+
+
+def sequences(lcfg, seed=0):
+    """Three responses (3, 2 and 4 tokens; A = 1, -1, 0.5) whose log-ratios reach every branch: one
+    token past the clamp (+25), tokens clipped low and high, one of a sequence mean past -20; the
+    sampler's log-probs put some importance weights past the cap; entropies above and below
+    H_old. Collated (B, T) with junk in the padding, as a packed forward leaves it."""
+    g = torch.Generator().manual_seed(seed)
+    lens, advs = [3, 2, 4], [1.0, -1.0, 0.5]
+    deltas = [[25.0, 0.3, -0.01], [-0.5, -45.0], [0.1, -0.3, 0.0, 0.02]]
+    w_logs = [[0.0, 1.0, -0.2], [0.0, 0.3], [-1.0, 0.0, 0.1, 0.5]]  # log pi_old - log pi_rollout
+    seqs, T = [], max(lens)
+    for R, a, d, lw in zip(lens, advs, deltas, w_logs):
+        old = -torch.rand(R, generator=g, dtype=torch.float64).float() * 3
+        seqs.append(SimpleNamespace(prompt=[1], resp=[5] * R, adv=a, in_loss=True, old_logp=old,
+                                    old_entropy=torch.rand(R, generator=g) * 2,
+                                    rollout_logp=old - torch.tensor(lw), ref_logp=old - 0.2,
+                                    cov_sel=torch.rand(R, generator=g) < 0.4, now=old + torch.tensor(d),
+                                    entropy=torch.rand(R, generator=g) * 2))
+    junk = {"logp": 3.0, "entropy": 9.0, "old_logp": 0.0, "old_entropy": 0.0, "rollout_logp": 0.0, "ref_logp": 0.0}
+    batch = {k: torch.full((3, T), v) for k, v in junk.items()}
+    batch["mask"], batch["cov_sel"] = torch.zeros(3, T), torch.zeros(3, T, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        R = len(s.resp)
+        for key, v in (("logp", s.now), ("old_logp", s.old_logp), ("old_entropy", s.old_entropy),
+                       ("rollout_logp", s.rollout_logp), ("ref_logp", s.ref_logp), ("entropy", s.entropy),
+                       ("cov_sel", s.cov_sel), ("mask", torch.ones(R))):
+            batch[key][b, :R] = v
+    return seqs, batch
+
+
+LOSSES = [("tepo", {"is_correction": "mask", "is_cap": 2.0, "entropy_coef": 0.01}),
+          ("tepo", {"kl_mask_target": "ref", "is_correction": "tis", "is_level": "sequence", "is_cap": 1.5}),
+          ("gspo", {}), ("grpo", {"kl_kind": "k1"}), ("drgrpo", {"max_new_tokens": 6, "kl_coef": 0.1, "kl_kind": "k2"}),
+          ("dapo", {"is_correction": "mask", "is_level": "token"}), ("clipcov", {}), ("klcov", {"entropy_coef": -0.1})]
+
+
+@pytest.mark.parametrize("method,loss", LOSSES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(LOSSES)])
+def test_the_losss_metrics_by_hand_at_the_clamp_and_the_clip(method, loss):
+    """tepo.policy_loss's loss and every metric it returns, on a micro-batch whose tokens reach the
+    clamp (|log r| > 20, token and sequence), both clips, importance weights past the cap (dropped
+    or truncated) and the KL mask, against the by-hand references (the same as a step's: one
+    mini-batch, one optimizer step, the mask able to act). The steps of a run rarely reach these."""
+    cfg = train.Config(model="m", train_data="d", method=method, loss=loss)
+    lc = cfg.loss_cfg
+    seqs, batch = sequences(lc)
+    logp = batch["logp"].clone().requires_grad_(True)
+    n = sum(len(s.resp) for s in seqs)
+    out, metrics = tepo.policy_loss(
+        logp, batch["old_logp"], torch.tensor([s.adv for s in seqs]), batch["mask"], lc, num_tokens=n,
+        num_seqs=3, entropy=batch["entropy"], old_entropy=batch["old_entropy"],
+        ref_logp=batch["ref_logp"] if lc.needs_ref else None, rollout_logp=batch["rollout_logp"],
+        cov_sel=batch["cov_sel"] if lc.cov != "none" else None)
+    for s in seqs:  # what the reference reads of a sequence it was not given
+        s.ref_logp = s.ref_logp if lc.needs_ref else None
+        s.cov_sel = s.cov_sel if lc.cov != "none" else None
+    st = StepRecord(minibatches=[seqs], opt=[dict(norm=0.0, taken=True, lr=cfg.lr)],
+                    micro=[dict(mb=seqs, logp=batch["logp"], entropy=batch["entropy"], cov_sel=None, after_taken=True)])
+    want = update_by_hand(cfg, st, 0, check_selection=False)
+    got = {k: float(v) for k, v in metrics.items()}
+    assert set(got) <= set(want) and {k for k in want if k.startswith(("loss/", "actor/grad_w"))} <= set(got)
+    wrong = {k: (v, want[k]) for k, v in got.items() if v != pytest.approx(want[k], rel=1e-6, abs=1e-9)}
+    assert not wrong, wrong
+    assert float(out) == pytest.approx(sum(want[k] for k in want if k.startswith("loss/")), rel=1e-6)
+    assert got["actor/ratio_clamped_frac"] > 0 and got["actor/clip_frac_low"] + got["actor/clip_frac_high"] > 0 \
+        or lc.cov == "kl"
+
+
+@pytest.mark.parametrize("n", [999, 1000, 1001, 2001])
+def test_the_log_ratio_tail_is_the_nearest_rank_quantile(one_rank, n):
+    """actor/log_ratio_p999: the ceil(0.999 n)-th smallest |log r| (numpy's inverted_cdf), from each
+    rank's tail_size largest: the largest for n = 999, the second largest for 1000 and 1001, the
+    third for 2001."""
+    from ranks import keep_largest, tail_size
+    values = torch.rand(n, generator=torch.Generator().manual_seed(n))
+    top = keep_largest(torch.zeros(0), values, tail_size(n, train.TAIL_Q))
+    got = train.log_ratio_tail(top, n)
+    x = values.double().numpy()
+    assert got["actor/log_ratio_max"] == pytest.approx(x.max())
+    assert got["actor/log_ratio_p999"] == pytest.approx(np.quantile(x, 0.999, method="inverted_cdf"))
+    assert got["actor/log_ratio_p999"] == pytest.approx(np.sort(x)[-{999: 1, 1000: 2, 1001: 2, 2001: 3}[n]])
+
+
+# ----------------------------------------------------------------------------- held out
+
+
+def test_the_held_out_metrics_by_hand(one_rank):
+    """train.evaluate's record (eval/accuracy, eval/pass@k, eval/accuracy_ci95, eval/grader_failures)
+    from 3 problems x 4 samples, one grading call raising (a wrong answer, counted), by hand."""
+    texts = [["7", "8", "7", "!"], ["8", "8", "8", "8"], ["7", "7", "7", "8"]]
+
+    def judge(text, gold):
+        if text == "!":
+            raise ValueError("a grader's failure")
+        return text, text == gold
+
+    class Engine:
+        def generate(self, prompts, n=1, **kw):
+            return [[rollout.Sample(list(p), [5], texts[p[0] - 1][j], [-1.0], "stop") for j in range(n)]
+                    for p in prompts]
+    rows = [{"problem": f"p{i}", "prompt": f"p{i}", "prompt_ids": [i + 1], "answer": "7"} for i in range(3)]
+    cfg = train.Config(model="m", train_data="d", eval_n=4, eval_data="held.jsonl")
+    run = SimpleNamespace(cfg=cfg, rank=0, world=1, engine=Engine(), judge=judge, state=TrainState(), eval_rows=rows)
+    got = train.evaluate(run)
+    want = eval_by_hand(rows, [[SimpleNamespace(text=t) for t in ts] for ts in texts], 4, lambda t, g: judge(t, g)[1])
+    assert want["eval/grader_failures"] == 1 and want["eval/accuracy"] == 5 / 12
+    assert set(got) == set(want)
+    assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-12)
