@@ -1,15 +1,18 @@
 """Every metric of an RL step computed by hand, from what the step's phases were given, for
 tests/test_metrics_by_hand.py and tests/test_boundaries.py.
 
-`run_steps(tmp, model_dir, reward_fn, **config)` runs train.main in this process on one rank
-(transformers' generate, as conftest.train_here) while recording, per RL step, what each phase
-was given and returned: the rollouts (every group drawn), the mini-batches as dealt, each
-micro-batch of the update with the log-probs and entropy its forward computed, each optimizer
-step (with the gradient's norm taken by hand before the clip), and every lock-step forward call.
+`run_steps(tmp, model_dir, reward_fn, lengths=..., eval_rows=..., **config)` runs train.main in
+this process on one rank (transformers' generate, as conftest.train_here; no checkpoint is saved)
+while recording, per RL step, what each phase was given and returned: the engine's weights as it
+sampled, the rollouts (every group drawn), the mini-batches as dealt, each micro-batch of the
+update with the log-probs and entropy its forward computed, each optimizer step (with the
+gradient's norm taken by hand before the clip), every lock-step forward call, and the held-out
+samples. `lengths` cuts the responses to a ragged batch.
 
 The references below are plain code written from docs/METRICS.md and tepo.py's docstring, not
 from the functions they check: a sequence at a time, in float64, each sum divided by counts
-taken from the recorded mini-batches. `expected_record` gives every key of a metrics.jsonl
+taken from the recorded mini-batches; the log-probs at theta_old from a plain transformers
+forward; a held-out answer graded by reward.grade (the grader is not what they check). `expected_record` gives every key of a metrics.jsonl
 record but the timings (wall clock), so a test that compares it with the record key for key
 also sees a metric added without a reference, or one left out.
 """
@@ -70,9 +73,8 @@ class Result:
     steps: list          # [StepRecord]
     given: list          # Scripted.given
     out_dir: str
-    rows: list = None    # the training rows (with prompt_ids)
-    evals: list = None   # per held-out evaluation: {"step", "rows", "outputs": n Samples a problem}
-    eval_file: list = None  # the held-out file's rows
+    evals: list          # per held-out evaluation: {"step", "rows", "outputs": n Samples a problem}
+    eval_file: list      # the held-out file's rows, or None
 
 
 def toy_rows(n=40):
@@ -124,7 +126,7 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, eval_rows=None, **config)
     path = os.path.join(tmp, "config.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
-    steps, phase, current, rows, evals = [], ["-"], [None], [], []
+    steps, phase, current, evals = [], ["-"], [None], []
     real = {name: getattr(train, name) for name in ("sample_and_grade", "old_logprobs", "update_policy",
                                                      "lockstep_forwards", "micro_batch_loss", "clip_and_step",
                                                      "evaluate")}
@@ -134,7 +136,6 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, eval_rows=None, **config)
         return real["evaluate"](run)
 
     def sample_and_grade(run, *, step):
-        rows[:] = run.rows
         weights = {k: v.detach().clone() for k, v in run.engine.model.state_dict().items()}
         out = real["sample_and_grade"](run, step=step)
         steps.append(StepRecord(rollouts=out, weights=weights))
@@ -196,7 +197,7 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, eval_rows=None, **config)
     with open(os.path.join(cfg["out_dir"], "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     return Result(train.load_config(path), records, steps, getattr(reward_fn, "given", []), cfg["out_dir"],
-                  [dict(r) for r in rows], evals, eval_rows)
+                  evals, eval_rows)
 
 
 # ----------------------------------------------------------------------------- the references
@@ -432,7 +433,8 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, c
                 if lc.kl_mask_target == "ref" or m["after_taken"]:
                     measured.add(k)
                     add("actor/grad_w_policy", (dloss * w).abs().sum() * per)
-                    add("actor/grad_w_kl_mask", lc.kl_mask_coef * (k3_weight(lp, target) * mask_tokens).sum() / tokens[k])
+                    add("actor/grad_w_kl_mask",
+                        lc.kl_mask_coef * (k3_weight(lp, target) * mask_tokens).sum() / tokens[k])
             else:
                 add("loss/kl_mask", 0.0)
             n = trained[k]

@@ -3,7 +3,6 @@ eval.py), tested on both sides: the value at the boundary and the one past it. A
 written the other way round (`<` for `<=`) changes one of the two, so a boundary tested on one
 side only could not see it. In this process, without a model where the rule does not need one."""
 import json
-import math
 import os
 from types import SimpleNamespace
 
