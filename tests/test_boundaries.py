@@ -30,7 +30,7 @@ def cfg(**kw):
 # (key, values that pass, values refused): each boundary's value and the one just past it
 LIMITS = [("keep_last", [0], [-1]), ("group_size", [2], [1]),
           ("format_reward", [0.0, 0.999], [1.0, -1e-9]), ("overlong_buffer", [0, 8], [-1, 9]),
-          ("top_p", [1e-9, 1.0], [0.0, 1.0 + 1e-9]), ("gpu_memory_utilization", [1e-9, 1.0], [0.0, 1.0 + 1e-9]),
+          ("top_p", [1.0], [0.0, 1.0 - 1e-9, 1.0 + 1e-9]), ("gpu_memory_utilization", [1e-9, 1.0], [0.0, 1.0 + 1e-9]),
           ("min_lr_ratio", [0.0, 1.0], [-1e-9, 1.0 + 1e-9]), ("max_reward_errors", [0.0, 1.0], [-1e-9, 1.0 + 1e-9]),
           ("betas", [(0.0, 0.0), (0.9, 0.999999)], [(1.0, 0.9), (0.9, 1.0), (-1e-9, 0.9)])]
 LIMITS += [(k, [1], [0]) for k in ("steps", "prompts_per_step", "max_prompt_len", "max_new_tokens",
@@ -40,7 +40,7 @@ LIMITS += [(k, [0], [-1]) for k in ("warmup_steps", "eval_every", "eval_max_prob
                                     "log_samples_every", "max_bad_steps")]
 LIMITS += [(k, [0.0], [-1e-9]) for k in ("weight_decay", "no_answer_penalty", "overlong_factor")]
 # the loss keys a config passes on to tepo.LossConfig
-LOSS_LIMITS = [("tepo", "is_cap", [1.0 + 1e-9], [1.0]), ("tepo", "clip_low", [0.0, 0.999], [-1e-9, 1.0]),
+LOSS_LIMITS = [("tepo", "is_cap", [1.0 + 1e-9], [1.0]), ("tepo", "clip_low", [0.0, 1.0], [-1e-9, 1.0 + 1e-9]),
                ("tepo", "clip_high", [0.0], [-1e-9]), ("klcov", "cov_ratio", [1e-9, 1.0], [0.0, 1.0 + 1e-9]),
                ("drgrpo", "max_new_tokens", [1], [0])]
 
@@ -226,7 +226,7 @@ def test_the_masks_share_is_zero_without_weight_and_the_ratio_with(one_rank):
     steps = [train.OptimizerStep(1.0, True)]
     for w_mask, w_policy, share in ((0.0, 0.0, 0.0), (1e-300, 0.0, 1.0), (1.0, 3.0, 0.25)):
         m = train.update_metrics(run, sums={"actor/grad_w_kl_mask": w_mask, "actor/grad_w_policy": w_policy},
-                                 steps=steps, step=0)
+                                 steps=steps, step=0, mask_steps=1)
         assert m["actor/kl_mask_grad_share"] == share
 
 

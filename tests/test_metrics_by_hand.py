@@ -77,8 +77,7 @@ SETTINGS = {
 }
 
 
-# Compared apart (the xfail below): the mask's weights under kl_mask_target old.
-SKIP = {"tepo-old": ("actor/grad_w_policy", "actor/grad_w_kl_mask")}
+SKIP = {}  # keys a setting's comparison leaves out (none now)
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -98,8 +97,6 @@ def test_every_metric_of_the_step_by_hand(step, tiny_model_dir, name):
         compare(result.records[0], held_out_by_hand(result, 0))
 
 
-@pytest.mark.xfail(strict=True, reason="update_metrics divides the mask's gradient weights by every "
-                                       "optimizer step, though those before the first one taken are not measured")
 def test_the_masks_gradient_weights_are_means_over_the_steps_that_measured_them(step, tiny_model_dir):
     """kl_mask_target old, 3 optimizer steps: actor/grad_w_policy and actor/grad_w_kl_mask are measured
     at the second and third (at the first pi = pi_old, the mask's weight is 0 by construction) and
@@ -108,7 +105,7 @@ def test_the_masks_gradient_weights_are_means_over_the_steps_that_measured_them(
     result = step("tepo-old")
     want = expected_record(result, 0, tiny_model_dir)
     record = next(r for r in result.records if r["step"] == 1)
-    for key in SKIP["tepo-old"]:
+    for key in ("actor/grad_w_policy", "actor/grad_w_kl_mask"):
         assert record[key] == pytest.approx(want[key], rel=1e-5), key
 
 
