@@ -328,7 +328,7 @@ def parse_args(argv=None):
     for f in args.data:
         if not os.path.isfile(f):
             ap.error(f"--data file not found: {f}")
-        args.files[os.path.splitext(os.path.basename(f))[0]] = f
+        args.files[benchmark_name(f)] = f
 
     cfg = train_config(args.ckpt)
     if args.greedy:
@@ -384,6 +384,32 @@ def samples_and_ks(args, size):
     100 problems, avg@4 else); --k, or 1, 8, 16 up to n, and n."""
     n = args.n if not args.n_rule else (args.n_rule["below_100"] if size < 100 else args.n_rule["else"])
     return n, sorted(set(args.k or ({k for k in DEFAULT_K if k <= n} | {n})))
+
+
+def benchmark_name(path):
+    """A benchmark's name, as --data names it: its file's stem (part of the seeds of its samples)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def held_out_interval(accuracies):
+    """(mean, half-width of its 95% interval, None for one problem) of the problems' accuracies,
+    each a problem's share of its samples that were right: --table's interval (Student's t over
+    the problems), which counts the problems, not the samples, as the draws."""
+    p = len(accuracies)
+    mean = sum(accuracies) / max(p, 1)
+    half = (table.t975(p - 1) * math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (p - 1) / p)
+            if p > 1 else None)
+    return mean, half
+
+
+def held_out_line(step, accuracies, n):
+    """'step 10: held-out accuracy 62.2% ± 4.3 (95%, 500 problems x 1 sample)': the line train.py's
+    rank 0 prints at each held-out evaluation (held_out_interval's numbers)."""
+    p = len(accuracies)
+    mean, half = held_out_interval(accuracies)
+    interval = f" ± {100 * half:.1f} (95%, " if half is not None else " ("
+    return (f"step {step}: held-out accuracy {100 * mean:.1f}%{interval}{p} problem{'s' * (p != 1)} "
+            f"x {n} sample{'s' * (n != 1)})")
 
 
 def make_judge(name):
@@ -501,7 +527,7 @@ def preset_overrides(args, plan, problems):
     if not preset:
         return []
     out = []
-    given = [os.path.splitext(os.path.basename(f))[0] for f in args.data]
+    given = [benchmark_name(f) for f in args.data]
     if args.data:
         out.append("--data " + " ".join(f"{b} (rows {rows_digest(problems[b])[:12]})" for b in given))
     elif list(plan) != preset["benchmarks"]:

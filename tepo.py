@@ -594,6 +594,29 @@ def top_entropy_select(entropy, mask, frac, *, num_tokens=None, nth=None):
     return at_or_above(H, ties, m, top[-1] if nth is None else nth(top, n))
 
 
+def choose_cov(items, lcfg, num_tokens, keys, *, sums=None, nth=None):
+    """Clip-Cov / KL-Cov's tokens of a mini-batch (cov_scores' rule): items [(logp (R,), old_logp (R,),
+    A)] -> [(R,) bool], over `num_tokens` trained tokens. Within these items alone by default; spread
+    over the ranks given `sums` (a dict's sum over the ranks: ranks.all_ranks) and `nth` (ranks.
+    global_nth): the means over all ranks' tokens (summed in float64), each rank's n largest (score,
+    key) pairs gathered, the n-th largest of them all the threshold: exactly the n tokens one process
+    would pick from the whole mini-batch (train.py's select_tokens). `keys`: this rank's generator."""
+    lens = [len(lp) for lp, _, _ in items]
+    logp = torch.cat([lp for lp, _, _ in items] or [torch.zeros(0)]).double()[:, None]  # (N, 1)
+    old = torch.cat([o for _, o, _ in items] or [torch.zeros(0)]).double()[:, None]
+    adv = torch.tensor([a for (lp, _, a) in items for _ in range(len(lp))], dtype=torch.float64)
+    total = (sums or (lambda d: d))({"logp": logp.sum(), "adv": adv.sum(), "n": len(adv)})
+    n = cov_count(num_tokens, lcfg)
+    key = cov_keys(logp.shape, keys)
+    score, eligible, _ = cov_scores(logp, old, adv, torch.ones_like(logp), lcfg, key,
+                                    mean_logp=total["logp"] / max(total["n"], 1),
+                                    mean_adv=total["adv"] / max(total["n"], 1))
+    top = top_pairs(score, key, eligible, n)
+    threshold = nth(top, n) if nth else (top[n - 1] if len(top) >= n else None)  # (ranks.global_nth on one)
+    sel = eligible if threshold is None else at_or_above(score, key, eligible, threshold)  # None: all of them
+    return list(sel[:, 0].split(lens))
+
+
 def newer_surrogate(logp, old_logp, ratio, A, mask, cfg):
     """The per-token loss (B, T) of GMPO, CISPO or SAPO (cfg.surrogate; the module docstring).
     logp (B, T) with grad, old_logp and mask (B, T), ratio the token ratio r (B, T; its log

@@ -40,7 +40,6 @@ from tqdm import tqdm
 
 import reward
 import rollout
-import table
 import tepo
 from config import Config, UserError, load_config  # noqa: F401  (train.Config too)
 from data import load_rows, load_tokenizer, resolve_model, take_prompts
@@ -603,7 +602,7 @@ def log_ratio_tail(top, n):
 def select_tokens(run, seqs, *, num_tokens, keys):
     """The tokens of one mini-batch chosen over its trained tokens (`num_tokens`) on all ranks, so
     that the choice does not depend on how the batch is cut: Clip-Cov / KL-Cov's (s.cov_sel:
-    choose_cov; `keys`, this rank's generator) and the 80/20 rule's (s.entropy_sel:
+    tepo.choose_cov; `keys`, this rank's generator) and the 80/20 rule's (s.entropy_sel:
     tepo.top_entropy_select), from the current policy's log-probs and entropy in a forward without
     grad (their cost: one more forward pass per mini-batch). A collective."""
     lcfg, current = run.cfg.loss_cfg, {}
@@ -615,7 +614,7 @@ def select_tokens(run, seqs, *, num_tokens, keys):
         # The first mini-batch has no old log-probs yet (keep_as_old): there theta = theta_old, r = 1.
         items = [(current[id(s)][0], current[id(s)][0] if s.old_logp is None else s.old_logp.cpu(), s.adv)
                  for s in seqs]
-        for s, sel in zip(seqs, choose_cov(items, lcfg, num_tokens, keys)):
+        for s, sel in zip(seqs, tepo.choose_cov(items, lcfg, num_tokens, keys, sums=all_ranks, nth=global_nth)):
             s.cov_sel = sel
     if lcfg.top_entropy_frac > 0:
         H = torch.cat([current[id(s)][1] for s in seqs] or [torch.zeros(0)])[:, None]      # (N, 1)
@@ -623,26 +622,6 @@ def select_tokens(run, seqs, *, num_tokens, keys):
                                       nth=global_nth)
         for s, x in zip(seqs, sel[:, 0].split([len(s.resp) for s in seqs])):
             s.entropy_sel = x
-
-
-def choose_cov(items, lcfg, num_tokens, keys):
-    """The global selection of tepo.cov_scores' rule: items [(logp (R,), old_logp (R,), A)] of
-    this rank -> [(R,) bool]. The means over all ranks' tokens (summed in float64), each rank's
-    n largest (score, key) pairs gathered, the n-th largest of them all the threshold: exactly the
-    n tokens one process would pick from the whole mini-batch. A collective."""
-    lens = [len(lp) for lp, _, _ in items]
-    logp = torch.cat([lp for lp, _, _ in items] or [torch.zeros(0)]).double()[:, None]  # (N, 1)
-    old = torch.cat([o for _, o, _ in items] or [torch.zeros(0)]).double()[:, None]
-    adv = torch.tensor([a for (lp, _, a) in items for _ in range(len(lp))], dtype=torch.float64)
-    total = all_ranks({"logp": logp.sum(), "adv": adv.sum(), "n": len(adv)})
-    n = tepo.cov_count(num_tokens, lcfg)
-    key = tepo.cov_keys(logp.shape, keys)
-    score, eligible, _ = tepo.cov_scores(logp, old, adv, torch.ones_like(logp), lcfg, key,
-                                         mean_logp=total["logp"] / max(total["n"], 1),
-                                         mean_adv=total["adv"] / max(total["n"], 1))
-    nth = global_nth(tepo.top_pairs(score, key, eligible, n), n)
-    sel = eligible if nth is None else tepo.at_or_above(score, key, eligible, nth)  # None: all of them
-    return list(sel[:, 0].split(lens))
 
 
 # ----------------------------------------------------------------------------- 5. sync and log
@@ -706,7 +685,7 @@ def evaluate(run):
     cfg, rows = run.cfg, run.eval_rows
     ks = [2 ** i for i in range(cfg.eval_n.bit_length()) if 2 ** i <= cfg.eval_n]
     records = ev.sample_benchmark(
-        run.engine, eval_name(cfg), rows, [r["prompt_ids"] for r in rows], n=cfg.eval_n,
+        run.engine, ev.benchmark_name(cfg.eval_data), rows, [r["prompt_ids"] for r in rows], n=cfg.eval_n,
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         seed=cfg.seed, chunk_size=math.ceil(ev.SEQS_PER_CALL / cfg.eval_n), ks=ks, judge=run.judge,
         reward_timeout=cfg.reward_timeout, rank=run.rank, world=run.world,
@@ -726,38 +705,12 @@ def evaluate(run):
     if failed:  # on record only where it happened, as a fault
         out["eval/grader_failures"] = failed
     accuracies = [c / cfg.eval_n for _, c, _, _ in problems]
-    half = held_out_interval(accuracies)[1]
+    half = ev.held_out_interval(accuracies)[1]
     if half is not None:  # plot.py draws it around the accuracy
         out["eval/accuracy_ci95"] = half
     if run.rank == 0:  # above the progress bar, which shows the training accuracy
-        tqdm.write(held_out_line(run.state.step, accuracies, cfg.eval_n))
+        tqdm.write(ev.held_out_line(run.state.step, accuracies, cfg.eval_n))
     return out
-
-
-def held_out_interval(accuracies):
-    """(mean, half-width of its 95% interval, None for one problem) of the problems' accuracies,
-    each a problem's share of its samples that were right: --table's interval (Student's t over
-    the problems), which counts the problems, not the samples, as the draws."""
-    p = len(accuracies)
-    mean = sum(accuracies) / max(p, 1)
-    half = (table.t975(p - 1) * math.sqrt(sum((a - mean) ** 2 for a in accuracies) / (p - 1) / p)
-            if p > 1 else None)
-    return mean, half
-
-
-def held_out_line(step, accuracies, n):
-    """'step 10: held-out accuracy 62.2% ± 4.3 (95%, 500 problems x 1 sample)': the line rank 0
-    prints at each held-out evaluation (held_out_interval's numbers)."""
-    p = len(accuracies)
-    mean, half = held_out_interval(accuracies)
-    interval = f" ± {100 * half:.1f} (95%, " if half is not None else " ("
-    return (f"step {step}: held-out accuracy {100 * mean:.1f}%{interval}{p} problem{'s' * (p != 1)} "
-            f"x {n} sample{'s' * (n != 1)})")
-
-
-def eval_name(cfg):
-    """The held-out benchmark's name, as eval.py names a --data file: its stem (part of the seeds)."""
-    return os.path.splitext(os.path.basename(cfg.eval_data))[0]
 
 
 def log(run, record):

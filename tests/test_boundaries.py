@@ -232,13 +232,14 @@ def test_the_masks_share_is_zero_without_weight_and_the_ratio_with(one_rank):
 
 @pytest.mark.parametrize("n,selected", [(4, 3), (3, 3), (2, 2), (1, 1)])
 def test_kl_cov_takes_every_candidate_when_it_has_no_more_than_n(one_rank, n, selected):
-    """choose_cov over 3 tokens: n >= 3 takes all three (fewer candidates than n, or exactly n);
+    """tepo.choose_cov over 3 tokens: n >= 3 takes all three (fewer candidates than n, or exactly n);
     n < 3 the n of largest cov."""
     lcfg = train.tepo.LossConfig.preset("klcov", cov_ratio=1.0)
     items = [(torch.tensor([-1.0, -3.0]), torch.tensor([-1.0, -3.0]), 1.0),
              (torch.tensor([-2.0]), torch.tensor([-2.0]), -1.0)]
     # cov = (A - mean A)(logp - mean logp), mean A = 1/3, mean logp = -2: 2/3, -2/3, 0
-    sel = train.choose_cov(items, lcfg, n, torch.Generator().manual_seed(0))
+    sel = train.tepo.choose_cov(items, lcfg, n, torch.Generator().manual_seed(0), sums=train.all_ranks,
+                                nth=train.global_nth)
     picked = torch.cat(sel)
     assert int(picked.sum()) == selected
     assert picked.tolist() == [[True, True, True], [True, True, True], [True, False, True],
@@ -306,7 +307,7 @@ def test_the_held_out_interval_needs_two_problems(one_rank, problems):
     judge = lambda text, gold: (text, text == "7")  # noqa: E731
     out = train.evaluate(held_out_run([["7", "8"], ["7", "7"]], judge, 2, problems=problems))
     assert ("eval/accuracy_ci95" in out) == (problems > 1)
-    assert train.held_out_interval([0.5])[1] is None and train.held_out_interval([0.5, 0.5])[1] == 0.0
+    assert ev.held_out_interval([0.5])[1] is None and ev.held_out_interval([0.5, 0.5])[1] == 0.0
 
 
 # ----------------------------------------------------------------------------- packing.py

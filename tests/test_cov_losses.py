@@ -208,7 +208,8 @@ out = {}
 for method, extra in (("klcov", {"cov_ratio": 0.1}), ("clipcov", {"cov_ratio": 0.1, "cov_lb": 0.05, "cov_ub": 3.0})):
     cfg = tepo.LossConfig.preset(method, **extra)
     keys = torch.Generator().manual_seed(100 + rank)
-    sel = train.choose_cov(mine, cfg, sum(len(lp) for lp, _, _ in items), keys)
+    sel = train.tepo.choose_cov(mine, cfg, sum(len(lp) for lp, _, _ in items), keys, sums=train.all_ranks,
+                                nth=train.global_nth)
     out[method] = {idx[j]: s.nonzero()[:, 0].tolist() for j, s in enumerate(sel)}
 # The 80/20 rule's choice as train.select_tokens makes it: the tokens' entropies (response 11's
 # those of response 5: equal entropies, on other ranks), the 0.75-quantile over all ranks' tokens.

@@ -4,6 +4,7 @@ import torch
 import yaml
 
 import data
+import eval as ev
 import packing
 import rollout
 import tepo
@@ -63,12 +64,12 @@ def test_the_held_out_line_says_step_accuracy_interval_and_n():
     """One line per held-out evaluation (train.evaluate prints it on rank 0): 3 of 4 problems right
     at one sample each -> 75.0%, and Student's t (3 df: 3.182) times the standard error over the
     problems, sqrt(((3 * 0.25^2 + 0.75^2) / 3) / 4) = 0.25 -> ± 79.5 points."""
-    assert train.held_out_line(10, [1.0, 0.0, 1.0, 1.0], 1) == \
+    assert ev.held_out_line(10, [1.0, 0.0, 1.0, 1.0], 1) == \
         "step 10: held-out accuracy 75.0% ± 79.5 (95%, 4 problems x 1 sample)"
     # two samples per problem: the problem's share; all equal -> no spread
-    assert train.held_out_line(0, [0.5, 0.5], 2) == \
+    assert ev.held_out_line(0, [0.5, 0.5], 2) == \
         "step 0: held-out accuracy 50.0% ± 0.0 (95%, 2 problems x 2 samples)"
-    assert train.held_out_line(3, [1.0], 4) == "step 3: held-out accuracy 100.0% (1 problem x 4 samples)"
+    assert ev.held_out_line(3, [1.0], 4) == "step 3: held-out accuracy 100.0% (1 problem x 4 samples)"
 
 
 def test_a_misspelled_key_is_named_with_the_closest_valid_one(tmp_path):
