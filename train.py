@@ -97,6 +97,7 @@ class Counts:
     tokens: int              # response tokens
     seqs: int                # responses
     trained: int             # response tokens of the sequences in the loss
+    scored: int              # response tokens with A != 0: the 80/20 rule's pool, whatever else is in the loss
 
 
 @dataclass
@@ -503,7 +504,7 @@ def update_policy(run, *, minibatches, step):
         in_loss = [s for s in seqs if s.in_loss]
         keys = torch.Generator().manual_seed(rollout.derive_seed(cfg.seed, step, k, run.rank))
         if cfg.loss_cfg.selects_over_minibatch:
-            select_tokens(run, in_loss, num_tokens=n.trained, keys=keys)
+            select_tokens(run, in_loss, counts=n, keys=keys)
         for mb, batch, logp, ent in lockstep_forwards(run.model, in_loss, cfg=cfg, device=run.device,
                                                       with_entropy=True, grad=True):
             if k == 0:
@@ -599,12 +600,13 @@ def log_ratio_tail(top, n):
 
 
 @torch.no_grad()
-def select_tokens(run, seqs, *, num_tokens, keys):
-    """The tokens of one mini-batch chosen over its trained tokens (`num_tokens`) on all ranks, so
-    that the choice does not depend on how the batch is cut: Clip-Cov / KL-Cov's (s.cov_sel:
-    tepo.choose_cov; `keys`, this rank's generator) and the 80/20 rule's (s.entropy_sel:
-    tepo.top_entropy_select), from the current policy's log-probs and entropy in a forward without
-    grad (their cost: one more forward pass per mini-batch). A collective."""
+def select_tokens(run, seqs, *, counts, keys):
+    """The tokens of one mini-batch chosen on all ranks, so that the choice does not depend on how the
+    batch is cut: Clip-Cov / KL-Cov's over its trained tokens (s.cov_sel: tepo.choose_cov; `keys`, this
+    rank's generator) and the 80/20 rule's over those with A != 0, whatever other terms put in the
+    loss (s.entropy_sel: tepo.top_entropy_select; counts.scored), from the current policy's
+    log-probs and entropy in a forward without grad (their cost: one more forward pass per
+    mini-batch). A collective."""
     lcfg, current = run.cfg.loss_cfg, {}
     for mb, _, logp, ent in lockstep_forwards(run.model, seqs, cfg=run.cfg, device=run.device,
                                               with_entropy=lcfg.top_entropy_frac > 0):
@@ -614,13 +616,16 @@ def select_tokens(run, seqs, *, num_tokens, keys):
         # The first mini-batch has no old log-probs yet (keep_as_old): there theta = theta_old, r = 1.
         items = [(current[id(s)][0], current[id(s)][0] if s.old_logp is None else s.old_logp.cpu(), s.adv)
                  for s in seqs]
-        for s, sel in zip(seqs, tepo.choose_cov(items, lcfg, num_tokens, keys, sums=all_ranks, nth=global_nth)):
+        for s, sel in zip(seqs, tepo.choose_cov(items, lcfg, counts.trained, keys, sums=all_ranks, nth=global_nth)):
             s.cov_sel = sel
     if lcfg.top_entropy_frac > 0:
-        H = torch.cat([current[id(s)][1] for s in seqs] or [torch.zeros(0)])[:, None]      # (N, 1)
-        sel = tepo.top_entropy_select(H, torch.ones_like(H), lcfg.top_entropy_frac, num_tokens=num_tokens,
+        scored = [s for s in seqs if s.adv != 0]  # (A = 0: no policy term to keep)
+        H = torch.cat([current[id(s)][1] for s in scored] or [torch.zeros(0)])[:, None]      # (N, 1)
+        sel = tepo.top_entropy_select(H, torch.ones_like(H), lcfg.top_entropy_frac, num_tokens=counts.scored,
                                       nth=global_nth)
-        for s, x in zip(seqs, sel[:, 0].split([len(s.resp) for s in seqs])):
+        for s in seqs:
+            s.entropy_sel = torch.zeros(len(s.resp), dtype=torch.bool)
+        for s, x in zip(scored, sel[:, 0].split([len(s.resp) for s in scored])):
             s.entropy_sel = x
 
 
@@ -762,10 +767,10 @@ def global_counts(minibatches):
     local = {}
     for k, mb in enumerate(minibatches):
         local.update({f"{k}/tokens": sum(len(s.resp) for s in mb), f"{k}/seqs": len(mb),
-                      f"{k}/trained": sum(len(s.resp) for s in mb if s.in_loss)})
+                      f"{k}/trained": sum(len(s.resp) for s in mb if s.in_loss),
+                      f"{k}/scored": sum(len(s.resp) for s in mb if s.adv != 0)})
     total = all_ranks(local)
-    return [Counts(total[f"{k}/tokens"], total[f"{k}/seqs"], total[f"{k}/trained"])
-            for k in range(len(minibatches))]
+    return [Counts(*(total[f"{k}/{x}"] for x in ("tokens", "seqs", "trained", "scored"))) for k in range(len(minibatches))]
 
 
 # ----------------------------------------------------------------------------- schedules

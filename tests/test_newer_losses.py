@@ -343,3 +343,33 @@ def test_the_choice_is_the_same_on_1_2_and_8_ranks(frac):
     for rows in deals[2]:
         own[rows] = tepo.top_entropy_select(H[rows], mask[rows], frac)
     assert not torch.equal(own, want)
+
+
+def test_the_8020_pool_is_the_tokens_with_an_advantage_whatever_else_is_in_the_loss(one_rank, tiny_model_dir):
+    """train.select_tokens takes the 80/20 rule's quantile over the tokens of the responses with
+    A != 0: a KL or entropy term that puts the A = 0 responses in the loss too (in_loss) does not
+    change which tokens keep their policy term (before, their entropies moved the threshold)."""
+    from types import SimpleNamespace
+
+    import policy
+    import train
+    cfg = train.Config(model=tiny_model_dir, train_data="d", micro_batch_tokens=64, method="dapo",
+                       loss={"top_entropy_frac": 0.3})
+    model = policy.load_policy(tiny_model_dir, cfg, torch.device("cpu"))
+    run = SimpleNamespace(model=model, cfg=cfg, device=torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    seqs = []
+    for k in range(6):  # A = 0 for every other response
+        resp = torch.randint(3, 60, (4 + k,), generator=g).tolist()
+        seqs.append(train.Sequence((0, k), [5, 6, 7], resp, 0.0 if k % 2 else 1.0 - k / 4, True, torch.zeros(len(resp))))
+
+    def chosen(pool):
+        counts = train.global_counts([pool])[0]
+        train.select_tokens(run, pool, counts=counts, keys=torch.Generator().manual_seed(0))
+        return {s.gid: s.entropy_sel.tolist() for s in pool}
+
+    alone = chosen([s for s in seqs if s.adv != 0])
+    beside = chosen(seqs)
+    assert {gid: sel for gid, sel in beside.items() if gid in alone} == alone
+    assert not any(any(sel) for gid, sel in beside.items() if gid not in alone)  # A = 0: nothing kept
+    assert 0 < sum(map(sum, alone.values())) < sum(map(len, alone.values()))
