@@ -255,6 +255,7 @@ class _ChunkedHead(torch.autograd.Function):
                 lse[i:i + rows] = z_lse
                 if with_entropy:
                     entropy[i:i + rows] = -(z.exp().mul_(z)).sum(-1)
+                del z  # before the next chunk's matmul: one (c, V) chunk alive, not two
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature, ctx.softcap, ctx.rows, ctx.dtype = temperature, softcap, rows, dtype
         ctx.set_materialize_grads(False)  # no entropy term in the loss: its gradient stays None
@@ -291,6 +292,7 @@ class _ChunkedHead(torch.autograd.Function):
                 if cap is not None:  # cap(z) / cap = T (log p + lse) / cap
                     s = lp.add_(lse[i:i + rows, None]).mul_(T / cap)
                     gz.mul_(s.square_().neg_().add_(1.0))
+                    del s
                 if need_b:
                     grad_b.add_(gz.sum(0))
                 gz = gz.to(dtype)                                              # (c, V) d loss / d logits
@@ -302,6 +304,7 @@ class _ChunkedHead(torch.autograd.Function):
                     else:
                         for v in range(0, gz.shape[1], HEAD_GRAD_ROWS):
                             grad_w[v:v + HEAD_GRAD_ROWS].add_(gz[:, v:v + HEAD_GRAD_ROWS].t() @ h)
+                del z, lp, gz  # before the next chunk's matmul: one (c, V) chunk alive at a time
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
 
