@@ -11,6 +11,7 @@ import os
 import random
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -130,8 +131,9 @@ def prune_checkpoints(out_dir, step, keep_last):
     its old final checkpoint), and loses its optimizer and RNG states, two thirds of its size
     (drop_training_state); it is said once, and is the user's to delete. So evaluating
     every checkpoint as it appears keeps their weights, not every optimizer state until the disk is
-    full. An eval/ without results.json (an evaluation that failed or was killed) protects
-    nothing. -> the paths kept so."""
+    full. So does an evaluation under way (eval.py's eval/.running, EVAL_RUNNING_S old at most: one that
+    outlasts `save_every x (keep_last - 1)` steps is not deleted under it); an eval/ with neither (an
+    evaluation that failed or was killed long ago) protects nothing. -> the paths kept so."""
     older = [c for c in list_checkpoints(out_dir) if step_of(c) < step]
     kept = []
     for old in older[:max(0, len(older) - (keep_last - 1))] if keep_last else []:
@@ -146,9 +148,15 @@ def prune_checkpoints(out_dir, step, keep_last):
     return kept
 
 
+EVAL_RUNNING_S = 24 * 3600  # an eval/.running older than this is a killed evaluation's: it protects nothing
+
+
 def evaluated(ckpt):
-    """Whether eval.py wrote its results into the checkpoint (ckpt/eval/results.json)."""
-    return os.path.isfile(os.path.join(ckpt, "eval", "results.json"))
+    """Whether eval.py wrote its results into the checkpoint (ckpt/eval/results.json), or is
+    evaluating it now (ckpt/eval/.running, under EVAL_RUNNING_S old)."""
+    running = os.path.join(ckpt, "eval", ".running")
+    return os.path.isfile(os.path.join(ckpt, "eval", "results.json")) or (
+        os.path.isfile(running) and time.time() - os.path.getmtime(running) < EVAL_RUNNING_S)
 
 
 def drop_training_state(ckpt):

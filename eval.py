@@ -649,8 +649,14 @@ def main(argv=None):
     # no group, and vLLM makes its own (so eval.main can run twice in one process).
     rank, world = (ranks.setup_distributed()[:2] if int(os.environ.get("WORLD_SIZE", 1)) > 1
                    else (0, 1))
+    # into the checkpoint's eval/: marked while under way, so that the trainer's pruning leaves it be
+    running = os.path.join(args.ckpt, "eval", ".running")
+    running = running if os.path.dirname(os.path.abspath(args.out)) == os.path.dirname(os.path.abspath(running)) else None
     if rank == 0:  # an unwritable --out fails now, not after the evaluation
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        if running:
+            with open(running, "w") as f:
+                f.write(f"{os.getpid()} {time.time()}\n")
     tokenizer = data.load_tokenizer(args.ckpt)
     problems = {name: data.load_problems(path) for name, path in args.files.items()}
     # n per benchmark by its full size (AIME stays avg@32 when --max-problems cuts it)
@@ -731,6 +737,8 @@ def main(argv=None):
            "samples_file": os.path.abspath(samples_path)}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
+    if running and os.path.exists(running):
+        os.remove(running)  # results.json protects it from now on
     with open(samples_path, "w", encoding="utf-8") as f:
         for name, records in all_records.items():
             for r in records:

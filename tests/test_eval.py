@@ -1031,3 +1031,32 @@ def test_two_chat_templates_are_two_protocols(tmp_path, tiny_model_dir, monkeypa
     assert a["prompt_sha256"] != b["prompt_sha256"]
     with pytest.raises(ev.UserError, match="evaluated under another protocol"):
         table.write_table(results)
+
+
+def test_eval_py_marks_the_checkpoint_it_evaluates_until_its_results_are_written(tmp_path, tiny_model_dir,
+                                                                                    monkeypatch):
+    """Into CKPT/eval/ (the default --out), eval.py writes eval/.running before sampling and removes it
+    once results.json is there: the trainer's pruning (checkpoint.evaluated) leaves the checkpoint be
+    meanwhile. Elsewhere (--out FILE) it marks nothing."""
+    import shutil
+
+    import checkpoint
+    import rollout
+    from test_train_steps import CannedEngine
+    ckpt = tmp_path / "run" / "step_000004"
+    shutil.copytree(tiny_model_dir, ckpt)
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n")
+    seen = []
+    real = ev.sample_benchmark
+
+    def sampling(*a, **kw):
+        seen.append((os.path.exists(ckpt / "eval" / ".running"), checkpoint.evaluated(str(ckpt))))
+        return real(*a, **kw)
+    monkeypatch.setattr(ev, "sample_benchmark", sampling)
+    monkeypatch.setattr(rollout, "make_engine", lambda *a, **kw: CannedEngine(["\\boxed{2}"]))
+    ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--temperature", "1.0", "--backend", "hf"])
+    assert seen == [(True, True)] and sorted(os.listdir(ckpt / "eval")) == ["results.json", "results_samples.jsonl"]
+    ev.main(["--ckpt", str(ckpt), "--data", str(bench), "-n", "1", "--temperature", "1.0", "--backend", "hf",
+             "--out", str(tmp_path / "elsewhere" / "r.json")])
+    assert seen[1] == (False, True) and sorted(os.listdir(tmp_path / "elsewhere")) == ["r.json", "r_samples.jsonl"]

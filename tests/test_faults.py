@@ -904,3 +904,21 @@ def test_eval_bad_input_is_one_line(tmp_path, tiny_model_dir):
     res = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--ckpt", str(tmp_path),
                           "--data", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "checkpoint not found" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_pruning_leaves_a_checkpoint_under_evaluation_be(tmp_path, tiny_model_dir, monkeypatch):
+    """eval.py marks the checkpoint it evaluates (CKPT/eval/.running) until its results.json is written:
+    pruning keeps that one's weights (before: deleted under the evaluation, which then wrote a stray
+    step_X/eval/results.json with no weights beside it); a marker over a day old (a killed
+    evaluation's) protects nothing. eval.py's own run writes and removes the marker."""
+    for step in (100, 150, 151):
+        fake_checkpoint(tmp_path / f"step_{step:06d}", tiny_model_dir, world=2, step=step)
+    under_way, stale = tmp_path / "step_000100", tmp_path / "step_000150"
+    for ckpt in (under_way, stale):
+        os.makedirs(ckpt / "eval")
+        (ckpt / "eval" / ".running").write_text("1234 0\n")
+    day_old = time.time() - checkpoint.EVAL_RUNNING_S - 60
+    os.utime(stale / "eval" / ".running", (day_old, day_old))
+    assert checkpoint.prune_checkpoints(str(tmp_path), 151, keep_last=1) == [str(under_way)]
+    assert sorted(os.listdir(tmp_path)) == ["step_000100", "step_000151"]
+    assert "config.json" in os.listdir(under_way) and "optim" not in os.listdir(under_way)
