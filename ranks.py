@@ -112,25 +112,45 @@ def all_ranks(values, op="sum"):
 
 def on_every_rank(consume, items, what):
     """consume(items) on this rank, where drawing each item is a collective (policy.full_weights: an
-    all-gather per tensor), failing on every rank if it fails on any. A rank whose `consume` raises
-    (vLLM's load_weights on a parameter name it spells otherwise) draws the rest of the items all
-    the same, since its peers wait for it in each gather (before: forever); then one all-reduce of
-    the outcome, and every rank raises, naming the failed ranks and the first one's error, `what`
-    failed. A collective."""
-    it, caught = iter(items), None
+    all-gather per tensor), failing on every rank if it fails on any: where `consume` raises (vLLM's
+    load_weights on a parameter name it spells otherwise) or drawing an item does (a gather out of
+    memory). The ranks agree after each item drawn, by one small all-reduce, whether every rank drew
+    it, so that no rank goes on to the next gather once a peer has stopped (before: a load that
+    failed left its peers in the next gather, forever under nccl); a rank whose `consume` raised
+    goes on drawing with them. Then every rank raises, naming the failed ranks and the first one's
+    error, `what` failed. (A gather that fails inside nccl's own call may still leave a peer's copy
+    of it pending: the run then ends at that rank's exit.) A collective."""
+    caught = []
+
+    def agreed():  # the items, while every rank drew the last one
+        it = iter(items)
+        while True:
+            try:
+                item, state = next(it), 1.0
+            except StopIteration:
+                item, state = None, 2.0  # every rank walks the same items: all end together
+            except Exception as e:  # noqa: BLE001 (any error: the peers must hear of it)
+                caught.append(e)
+                item, state = None, 0.0
+            if all_ranks({"state": state}, "min")["state"] != 1.0:
+                return
+            yield item
+
+    drawn = agreed()
     try:
-        consume(it)
-    except Exception as e:  # any error: the peers must hear of it
-        caught = e
-    for _ in it:  # the gathers this rank still owes its peers
+        consume(drawn)
+    except Exception as e:  # noqa: BLE001
+        caught.append(e)
+    for _ in drawn:  # the gathers this rank still owes its peers
         pass
-    if all_ranks({"failed": caught is not None}, "max")["failed"]:
+    error = caught[0] if caught else None
+    if all_ranks({"failed": error is not None}, "max")["failed"]:
         errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, f"{type(caught).__name__}: {' '.join(str(caught).split())[:300]}"
-                               if caught is not None else None)
+        dist.all_gather_object(errors, f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+                               if error is not None else None)
         failed = [r for r, e in enumerate(errors) if e]
         raise RuntimeError(f"{what} failed on rank {', '.join(map(str, failed))} of {len(errors)}, so every "
-                           f"rank stops; rank {failed[0]}: {errors[failed[0]]}") from caught
+                           f"rank stops; rank {failed[0]}: {errors[failed[0]]}") from error
 
 
 def tail_size(n, q):

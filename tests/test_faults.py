@@ -293,8 +293,19 @@ class Engine:  # loads the synced tensors one by one, as vLLM's load_weights doe
 
     def update_weights(self, named):
         for i, (name, tensor) in enumerate(named):
-            if rank == 1 and i == 2:  # a parameter name this rank's model spells otherwise
+            if rank == 1 and i == 2 and {fail!r} == "load":  # a parameter name this rank's model spells otherwise
                 raise KeyError(f"{{name}} is not a parameter of the model")
+
+
+if {fail!r} == "gather":  # rank 1's gather of the third tensor runs out of memory
+    real = train.full_weights
+
+    def full_weights(model):
+        for i, item in enumerate(real(model)):
+            if rank == 1 and i == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            yield item
+    train.full_weights = full_weights
 
 
 try:
@@ -308,13 +319,16 @@ except RuntimeError as e:
 
 
 @pytest.mark.slow
-def test_a_weight_sync_that_fails_on_one_rank_stops_every_rank_with_its_error(tmp_path):
-    """A rank's engine fails to load a synced tensor (the third of six): every rank raises with that
-    rank's error, promptly. (Before: the failed rank raised alone, and its peers went on to gather
-    the next tensor, which it never sends: with nccl they wait forever; here, with gloo, rank 0 died
-    of the lost peer, not knowing why.) Two processes, gloo, FSDP2's gathers."""
+@pytest.mark.parametrize("fail,error", [("load", "KeyError: '1.weight is not a parameter of the model'"),
+                                        ("gather", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")])
+def test_a_weight_sync_that_fails_on_one_rank_stops_every_rank_with_its_error(tmp_path, fail, error):
+    """A rank's engine fails to load a synced tensor (the third of six), or its gather of one fails
+    (out of memory): every rank raises with that rank's error, promptly. (Before: the failed rank
+    raised alone, and its peers went on to gather the next tensor, which it never sends: with nccl
+    they wait forever; here, with gloo, rank 0 died of the lost peer, not knowing why; and a failed
+    gather was not caught at all.) Two processes, gloo, FSDP2's gathers."""
     script = tmp_path / "sync.py"
-    script.write_text(SYNC_FAILS_ON_RANK_1.format(root=ROOT))
+    script.write_text(SYNC_FAILS_ON_RANK_1.format(root=ROOT, fail=fail))
     port, procs = str(free_port()), []
     for r in range(2):
         env = {**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -326,8 +340,7 @@ def test_a_weight_sync_that_fails_on_one_rank_stops_every_rank_with_its_error(tm
     finally:
         for p in procs:
             p.kill()
-    want = ("the weight sync into the engine failed on rank 1 of 2, so every rank stops; rank 1: KeyError: "
-            "'1.weight is not a parameter of the model'")
+    want = f"the weight sync into the engine failed on rank 1 of 2, so every rank stops; rank 1: {error}"
     for r, out in enumerate(outs):
         assert f"rank {r}: {want}" in out, out[-3000:]
 
