@@ -104,6 +104,12 @@ def head_line(lm_head, why):
             f"logits (lm_head: {lm_head}): no (positions x vocabulary) logits")
 
 
+# torch.compile's backend: inductor, torch's default (Triton kernels on a GPU, C++ on the CPU). The
+# tests set "aot_eager": the same graph capture, dynamic shapes, backward graph and recompile rules
+# without inductor's code generation, which on the CPU takes ~70-90 s a model with a cold cache.
+COMPILE_BACKEND = "inductor"
+
+
 def compile_layers(model):
     """torch.compile each decoder layer's forward, in place (torchtitan compiles each block): its
     norms, projections, rotary embedding, MLP and residual adds fused; the attention runs apart,
@@ -115,7 +121,7 @@ def compile_layers(model):
     # activation checkpointing and in its recompute, the policy's and the reference's.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for layer in model.model.layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+        layer.forward = torch.compile(layer.forward, dynamic=True, backend=COMPILE_BACKEND)
 
 
 def compile_now(model, cfg):

@@ -92,6 +92,16 @@ def one_rank(monkeypatch):
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def compile_without_codegen(monkeypatch):
+    """Config `compile` with torch.compile's "aot_eager" backend (policy.COMPILE_BACKEND): dynamo's
+    capture, dynamic shapes, the backward graph and the recompile rules as under inductor, without
+    its C++ code generation (~70-90 s a model on 2 cores with a cold cache, as in CI). Inductor's
+    own kernels are a GPU's (Triton): bench/gpu_check.py's speed line compiles them there."""
+    import policy
+    monkeypatch.setattr(policy, "COMPILE_BACKEND", "aot_eager")
+
+
 def toy_reward(response, gold, **kw):
     """tests/train_patched.py's --toy-reward: 1.0 when the response holds a '7', so that a random
     model's groups have reward spread and every update moves the weights."""

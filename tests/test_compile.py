@@ -2,8 +2,9 @@
 eager model's log-probs, entropies and gradients within float rounding, in both layouts, over rows
 of several lengths (one dynamic graph: no recompile per length), under FSDP2 with activation
 checkpointing on some layers (config `checkpoint_layers`), and says its compile time at start.
-Slow: inductor compiles C++ kernels (~20-70 s on 2 cores, less with its cache warm; minutes on a
-busy machine). And `checkpoint_layers` alone: which layers recompute, and its bad values."""
+Compiled by the "aot_eager" backend (conftest.compile_without_codegen): inductor's C++ kernels took
+~70 s here with a cold cache, and a GPU's are Triton's (bench/gpu_check.py compiles them there). And
+`checkpoint_layers` alone: which layers recompute, and its bad values."""
 from types import SimpleNamespace
 
 import pytest
@@ -26,14 +27,12 @@ def rows_of_lengths(lengths, seed=0):
     return out
 
 
-@pytest.mark.slow
-def test_compiled_layers_give_the_eager_numbers(one_rank, tmp_path, capsys):
+def test_compiled_layers_give_the_eager_numbers(one_rank, compile_without_codegen, tmp_path, capsys):
     """The model as training loads it (policy.load_policy: FSDP2, `compile`, checkpointing on one of
     its two layers), compiled once at start, against the same model eager: the start summary gives
     the compile time; on both layouts and packed rows of 4 lengths, the log-probs, entropies and
     every gradient within fp32 rounding (1e-5); and no graph compiled for a new row length. (The grouped
-layout with the prompt's KV cache is no layout of a checkpointed model: a copy per row is.) (One
-    compilation: inductor's C++ kernels are most of the test's time.)"""
+    layout with the prompt's KV cache is no layout of a checkpointed model: a copy per row is.)"""
     import torch._dynamo
     from torch._dynamo.utils import counters
 

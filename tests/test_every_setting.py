@@ -70,8 +70,10 @@ SETTINGS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_the_setting_trains(train_here, tiny_model_dir, boxed_model, tmp_path, name):
+def test_the_setting_trains(train_here, tiny_model_dir, boxed_model, tmp_path, request, name):
     settings = dict(SETTINGS[name])
+    if settings.get("compile"):
+        request.getfixturevalue("compile_without_codegen")
     reward_fn, model = toy_reward, tiny_model_dir
     if settings.pop("boxed", False):  # graded for real: questions whose answer is 7
         data = tmp_path / "sevens.jsonl"
