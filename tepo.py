@@ -577,7 +577,7 @@ def top_entropy_count(num_tokens, frac):
     """How many of `num_tokens` tokens the 80/20 rule keeps: those whose entropy is at or above the
     (1 - frac)-quantile of all of them, linearly interpolated (torch.quantile's default), which
     are the num_tokens - ceil((1 - frac)(num_tokens - 1)) largest (in exact arithmetic: rounded to
-    9 digits first), at least one; ties with the last one are kept too."""
+    9 digits first), at least one of one or more; ties with the last one are kept too."""
     num_tokens = int(num_tokens)  # (a count summed over the ranks comes as a float)
     return num_tokens - math.ceil(round((1 - frac) * (num_tokens - 1), 9))
 
@@ -593,6 +593,8 @@ def top_entropy_select(entropy, mask, frac, *, num_tokens=None, nth=None):
     H = entropy.detach().double()
     ties = torch.zeros_like(H)
     n = top_entropy_count(int(m.sum()) if num_tokens is None else num_tokens, frac)
+    if n == 0:  # no token of a response with A != 0 in the mini-batch (on any rank: n is global)
+        return torch.zeros_like(m)
     top = top_pairs(H, ties, m, n)
     return at_or_above(H, ties, m, top[-1] if nth is None else nth(top, n))
 

@@ -165,6 +165,7 @@ def run_steps(tmp, model_dir, reward_fn, lengths=None, eval_rows=None, **config)
         st = steps[-1]
         st.micro.append(dict(mb=current[0], logp=logp.detach().clone(), entropy=entropy.detach().clone(),
                              cov_sel=batch["cov_sel"].clone() if "cov_sel" in batch else None,
+                             entropy_sel=batch["entropy_sel"].clone() if "entropy_sel" in batch else None,
                              after_taken=any(o["taken"] for o in st.opt)))
         return out
 
@@ -356,6 +357,37 @@ def cov_by_hand(lc, items):
     return ~clipped & (cov > lc.cov_lb) & (cov < lc.cov_ub), n, cov
 
 
+def newer_by_hand(lc, lp, log_r, A):
+    """GMPO, CISPO and SAPO on one response's tokens, as ../shared/NEWER_BASELINES.md writes them:
+    (the per-token loss (R,), d loss / d log pi_t (R,), the tokens clipped low and high (R,) bool).
+    CISPO: -sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi, each token; clipped where the weight
+    is. SAPO: -(4 / tau) sigmoid(tau (r - 1)) A, tau by the sign of A; no clip. GMPO: each token's
+    log-ratio clipped on the side A favours (above eps_high with A > 0, below -eps_low with A < 0:
+    no gradient there), rho = exp(their mean), -A rho on every token of the response."""
+    r = torch.exp(log_r.clamp(-20, 20))
+    none = torch.zeros(len(lp), dtype=torch.bool)
+    if lc.surrogate == "cispo":
+        w = r.clamp(1 - lc.clip_low, 1 + lc.clip_high)
+        return -w * A * lp, -w * A, r < 1 - lc.clip_low, r > 1 + lc.clip_high
+    if lc.surrogate == "sapo":
+        tau = lc.sapo_tau_pos if A > 0 else lc.sapo_tau_neg
+        g = torch.sigmoid(tau * (r - 1))
+        return -(4 / tau) * g * A, -4 * g * (1 - g) * r * A, none, none
+    assert lc.surrogate == "gmpo"
+    low = (log_r < -lc.clip_low) & (A < 0) if A < 0 else none
+    high = (log_r > lc.clip_high) & (A > 0) if A > 0 else none
+    d = torch.where(low, -lc.clip_low, torch.where(high, lc.clip_high, log_r))
+    rho = torch.exp(d.mean())
+    return (-A * rho).expand(len(lp)), torch.where(low | high, 0.0, -A * rho), low, high
+
+
+def top_entropy_by_hand(frac, H):
+    """The 80/20 rule's tokens among the entropies H (N,) of a mini-batch's tokens of responses with
+    A != 0: those at or above H's (1 - frac)-quantile, linearly interpolated (Wang et al.'s, TRL's
+    torch.quantile). -> (N,) bool"""
+    return H >= torch.quantile(H, 1 - frac)
+
+
 def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, check_selection=True):
     """The update's metrics (actor/, loss/, mismatch/is_weight and /masked_frac, actor/trained_tokens,
     the log-ratio tail, optimizer steps, grad norm, lr) of one RL step, from the mini-batches and
@@ -379,6 +411,14 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, c
     lo, hi = 1 - lc.clip_low, 1 + lc.clip_high
     sums, measured, ratios, abs_log_r = {}, set(), [], []
     by_step = {}  # k -> [(seq, logp, H, sel)] to check the covariance selection over the mini-batch
+    top = {}  # id(seq) -> (R,) bool: the 80/20 rule's tokens, chosen over each mini-batch by hand
+    if lc.top_entropy_frac > 0:
+        for k in range(len(mbs)):
+            scored = [(s, m["entropy"][b, :len(s.resp)].double()) for m in st.micro if k_of[id(m["mb"][0])] == k
+                      for b, s in enumerate(m["mb"]) if s.adv != 0]
+            if scored:
+                keep = top_entropy_by_hand(lc.top_entropy_frac, torch.cat([H for _, H in scored]))
+                top.update((id(s), x) for (s, _), x in zip(scored, keep.split([len(H) for _, H in scored])))
 
     def add(key, value):
         sums[key] = sums.get(key, 0.0) + float(value)
@@ -402,9 +442,12 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, c
                 ratio, clamped = torch.exp(mean.clamp(-20, 20)).expand(R), (mean.abs() > 20).expand(R)
             ratios.append(ratio)
             pessimistic = ((ratio > hi) & (A > 0)) | ((ratio < lo) & (A < 0))
-            if lc.cov == "kl":  # no clip; |log r| on the selected tokens
+            low, high = (ratio < lo) & (A < 0), (ratio > hi) & (A > 0)
+            if lc.surrogate != "clip":
+                loss, dloss, low, high = newer_by_hand(lc, lp, log_r, A)
+            elif lc.cov == "kl":  # no clip; |log r| on the selected tokens
                 loss = -ratio * A + lc.kl_cov_coef * log_r.abs() * sel
-                dloss = None
+                dloss, low, high = None, torch.zeros_like(low), torch.zeros_like(high)
             else:
                 loss = -torch.where(pessimistic, ratio.clamp(lo, hi), ratio) * A
                 dloss = torch.where(pessimistic, 0.0, -ratio * A)  # d loss / d log pi_t
@@ -418,6 +461,13 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, c
                 c = math.log(lc.is_cap)
                 w = (torch.exp(log_w.clamp(max=c)) if lc.is_correction == "tis"
                      else torch.where(log_w.abs() <= c, torch.exp(log_w), 0.0))
+            kept = torch.ones(R, dtype=torch.bool)
+            if lc.top_entropy_frac > 0:  # the policy term on the 80/20 rule's tokens alone
+                kept = top.get(id(s), torch.zeros(R, dtype=torch.bool))
+                chosen = m["entropy_sel"][b, :R].bool()
+                assert torch.equal(chosen, kept), "the 80/20 rule's tokens: the quantile's over the mini-batch"
+                loss = torch.where(kept, loss, 0.0)
+                dloss = None if dloss is None else torch.where(kept, dloss, 0.0)
             per = {"token-mean": 1 / tokens[k], "seq-mean-token-mean": 1 / (R * n_seqs[k]),
                    "seq-mean-token-sum-norm": 1 / (n_seqs[k] * lc.max_new_tokens)}[lc.aggregation]
             add("loss/policy", (loss * w).sum() * per)
@@ -438,9 +488,8 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, c
             else:
                 add("loss/kl_mask", 0.0)
             n = trained[k]
-            clips = lc.cov != "kl"
-            add("actor/clip_frac_low", ((ratio < lo) & (A < 0) & clips).sum() / n)
-            add("actor/clip_frac_high", ((ratio > hi) & (A > 0) & clips).sum() / n)
+            add("actor/clip_frac_low", low.sum() / n)
+            add("actor/clip_frac_high", high.sum() / n)
             add("actor/ratio_mean", ratio.sum() / n)
             add("actor/ratio_clamped_frac", clamped.sum() / n)
             add("actor/kl_old", k3(lp, old).sum() / n)
@@ -448,6 +497,8 @@ def update_by_hand(cfg, st, step, skipped_before=0, grad_w_over_measured=True, c
                 add("actor/kl_mask_frac", mask_tokens.sum() / n)
             if lc.cov != "none":
                 add("actor/cov_selected_frac", sel.sum() / n)
+            if lc.top_entropy_frac > 0:
+                add("actor/high_entropy_frac", kept.sum() / n)
             if lc.needs_ref:
                 add("actor/kl_ref", kl_of_kind(lp, s.ref_logp.double(), lc.kl_kind).sum() / n)
             if lc.is_correction != "none":

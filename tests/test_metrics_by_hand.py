@@ -70,6 +70,15 @@ SETTINGS = {
                   loss={"is_correction": "mask", "is_level": "sequence"}, lengths=[12, 10, 9, 3])),
     # KL-Cov: its tokens chosen over the whole mini-batch
     "klcov": (SPREAD + SPREAD, dict(method="klcov", loss={"cov_ratio": 0.1}, lengths=RAGGED)),
+    # The newer losses (narrow clips, so that both sides act): GMPO with the 80/20 rule, its tokens
+    # chosen over the mini-batch among the A != 0 responses' (a GRPO KL term trains A = 0 ones too);
+    # CISPO with TEPO's mask; SAPO
+    "gmpo-8020": (SPREAD + RIGHT + SPREAD, dict(method="gmpo", prompts_per_step=3, num_minibatches=3,
+                                                loss={"clip_low": 0.02, "clip_high": 0.02, "kl_coef": 0.01,
+                                                      "top_entropy_frac": 0.2}, lengths=RAGGED)),
+    "cispo-mask": (SPREAD + SPREAD, dict(method="cispo", loss={"clip_low": 0.02, "clip_high": 0.02, "kl_mask": True},
+                                         lengths=RAGGED)),
+    "sapo": (SPREAD + SPREAD, dict(method="sapo", lengths=RAGGED)),
     # Clip-Cov: its tokens chosen in each micro-batch (verl's), a wide band of candidates
     "clipcov": (SPREAD + SPREAD, dict(method="clipcov", loss={"cov_batch": "microbatch", "cov_lb": -100.0,
                                                               "cov_ratio": 0.1},
@@ -114,7 +123,8 @@ def test_the_settings_hold_what_they_are_meant_to_test(step):
     at a later optimizer step and, reading pi_ref, weighted at the first; an A = 0 response beside
     trained ones in a mini-batch, and one mini-batch with none trained; dynamic sampling drawing
     once with exactly P informative groups, then twice and cutting one; reward calls that failed;
-    the covariance methods selecting tokens."""
+    the covariance methods selecting tokens; the newer losses clipping on both sides, and the 80/20
+    rule over a mini-batch with no response of A != 0."""
     for name in set(SETTINGS) - {"tepo-old"}:  # (tepo-old: a micro-batch a response)
         st = step(name).steps[0]
         assert any(len({len(s.resp) for s in m["mb"]}) > 1 for m in st.micro), name  # ragged
@@ -133,6 +143,14 @@ def test_the_settings_hold_what_they_are_meant_to_test(step):
         assert step(name).records[-1]["actor/cov_selected_frac"] > 0, name
     old = step("tepo-old")
     assert old.records[-1]["actor/kl_mask_frac"] > 0 and old.records[-1]["actor/grad_w_kl_mask"] > 0
+    gmpo = step("gmpo-8020")  # a mini-batch trained by the KL term alone: no token for the 80/20 rule
+    assert [[s.adv != 0 for s in mb] for mb in gmpo.steps[0].minibatches] == [[True] * 4, [False] * 4, [True] * 4]
+    assert len(gmpo.steps[0].opt) == 3 and 0 < gmpo.records[-1]["actor/high_entropy_frac"] < 0.5
+    for name in ("gmpo-8020", "cispo-mask"):  # both sides of the clip act
+        assert step(name).records[-1]["actor/clip_frac_low"] > 0 < step(name).records[-1]["actor/clip_frac_high"]
+    assert step("cispo-mask").records[-1]["actor/grad_w_kl_mask"] > 0
+    sapo = step("sapo").records[-1]
+    assert sapo["actor/ratio_min"] < 0.9 and sapo["actor/ratio_max"] > 1.1  # the gate away from r = 1
 
 
 def test_the_old_pass_forwards_each_later_mini_batch_as_the_update_does(step):
