@@ -2,8 +2,9 @@
 eager model's log-probs, entropies and gradients within float rounding, in both layouts, over rows
 of several lengths (one dynamic graph: no recompile per length), under FSDP2 with activation
 checkpointing on some layers (config `checkpoint_layers`), and says its compile time at start.
-Compiled by the "aot_eager" backend (conftest.compile_without_codegen): inductor's C++ kernels took
-~70 s here with a cold cache, and a GPU's are Triton's (bench/gpu_check.py compiles them there). And
+Slow: dynamo and AOT autograd trace each graph (~55 s on 2 cores), even by the "aot_eager" backend
+used here (conftest.compile_without_codegen), which leaves out inductor's C++ kernels (~70 s more
+with a cold cache; a GPU's are Triton's, which bench/gpu_check.py compiles there). And
 `checkpoint_layers` alone: which layers recompute, and its bad values."""
 from types import SimpleNamespace
 
@@ -27,6 +28,7 @@ def rows_of_lengths(lengths, seed=0):
     return out
 
 
+@pytest.mark.slow
 def test_compiled_layers_give_the_eager_numbers(one_rank, compile_without_codegen, tmp_path, capsys):
     """The model as training loads it (policy.load_policy: FSDP2, `compile`, checkpointing on one of
     its two layers), compiled once at start, against the same model eager: the start summary gives
