@@ -70,15 +70,18 @@ SETTINGS = {
                   loss={"is_correction": "mask", "is_level": "sequence"}, lengths=[12, 10, 9, 3])),
     # KL-Cov: its tokens chosen over the whole mini-batch
     "klcov": (SPREAD + SPREAD, dict(method="klcov", loss={"cov_ratio": 0.1}, lengths=RAGGED)),
-    # The newer losses (narrow clips, so that both sides act): GMPO with the 80/20 rule, its tokens
-    # chosen over the mini-batch among the A != 0 responses' (a GRPO KL term trains A = 0 ones too);
-    # CISPO with TEPO's mask; SAPO
-    "gmpo-8020": (SPREAD + RIGHT + SPREAD, dict(method="gmpo", prompts_per_step=3, num_minibatches=3,
-                                                loss={"clip_low": 0.02, "clip_high": 0.02, "kl_coef": 0.01,
-                                                      "top_entropy_frac": 0.2}, lengths=RAGGED)),
-    "cispo-mask": (SPREAD + SPREAD, dict(method="cispo", loss={"clip_low": 0.02, "clip_high": 0.02, "kl_mask": True},
+    # The newer losses, each with TEPO's mask (so that each token's gradient weight is compared too)
+    # and narrow, unequal clips (both sides act, and a swap of the two shows): GMPO with the 80/20
+    # rule, its tokens chosen over a mini-batch of several micro-batches among the A != 0
+    # responses' (a KL term trains the A = 0 ones too: beside them, and alone in a mini-batch);
+    # CISPO; SAPO
+    "gmpo-8020": ([1, 0, 1, 1, 0, 0, 1, 1, 0, 1, 1, 0], dict(method="gmpo", prompts_per_step=6, group_size=2,
+                                                             num_minibatches=3, micro_batch_tokens=40, lengths=RAGGED,
+                                                loss={"clip_low": 0.02, "clip_high": 0.03, "kl_coef": 0.01,
+                                                      "top_entropy_frac": 0.2, "kl_mask": True})),
+    "cispo-mask": (SPREAD + SPREAD, dict(method="cispo", loss={"clip_low": 0.02, "clip_high": 0.03, "kl_mask": True},
                                          lengths=RAGGED)),
-    "sapo": (SPREAD + SPREAD, dict(method="sapo", lengths=RAGGED)),
+    "sapo": (SPREAD + SPREAD, dict(method="sapo", loss={"kl_mask": True}, lengths=RAGGED)),
     # Clip-Cov: its tokens chosen in each micro-batch (verl's), a wide band of candidates
     "clipcov": (SPREAD + SPREAD, dict(method="clipcov", loss={"cov_batch": "microbatch", "cov_lb": -100.0,
                                                               "cov_ratio": 0.1},
@@ -143,12 +146,16 @@ def test_the_settings_hold_what_they_are_meant_to_test(step):
         assert step(name).records[-1]["actor/cov_selected_frac"] > 0, name
     old = step("tepo-old")
     assert old.records[-1]["actor/kl_mask_frac"] > 0 and old.records[-1]["actor/grad_w_kl_mask"] > 0
-    gmpo = step("gmpo-8020")  # a mini-batch trained by the KL term alone: no token for the 80/20 rule
-    assert [[s.adv != 0 for s in mb] for mb in gmpo.steps[0].minibatches] == [[True] * 4, [False] * 4, [True] * 4]
+    gmpo = step("gmpo-8020")  # A = 0 responses beside A != 0 ones; a mini-batch trained by the KL term alone
+    assert [[s.adv != 0 for s in mb] for mb in gmpo.steps[0].minibatches] == [[True] * 2 + [False] * 2, [False] * 4,
+                                                                              [True] * 4]
     assert len(gmpo.steps[0].opt) == 3 and 0 < gmpo.records[-1]["actor/high_entropy_frac"] < 0.5
+    assert all(sum(any(m["mb"][0] is s for s in mb) for m in gmpo.steps[0].micro) > 1
+               for mb in gmpo.steps[0].minibatches)  # several micro-batches a mini-batch
     for name in ("gmpo-8020", "cispo-mask"):  # both sides of the clip act
         assert step(name).records[-1]["actor/clip_frac_low"] > 0 < step(name).records[-1]["actor/clip_frac_high"]
-    assert step("cispo-mask").records[-1]["actor/grad_w_kl_mask"] > 0
+    for name in ("gmpo-8020", "cispo-mask", "sapo"):
+        assert step(name).records[-1]["actor/grad_w_kl_mask"] > 0, name
     sapo = step("sapo").records[-1]
     assert sapo["actor/ratio_min"] < 0.9 and sapo["actor/ratio_max"] > 1.1  # the gate away from r = 1
 
