@@ -104,9 +104,11 @@ def head_line(lm_head, why):
             f"logits (lm_head: {lm_head}): no (positions x vocabulary) logits")
 
 
-# torch.compile's backend: inductor, torch's default (Triton kernels on a GPU, C++ on the CPU). The
-# tests set "aot_eager": the same graph capture, dynamic shapes, backward graph and recompile rules
-# without inductor's code generation, which on the CPU takes ~70-90 s a model with a cold cache.
+# compile_layers' backend: inductor, torch.compile's default (Triton kernels on a GPU, C++ on the
+# CPU). The tests set "aot_eager": dynamo's capture and guards, dynamic shapes and AOT autograd's
+# backward graph, without inductor's lowering, fusion and kernels (its own guards and numerics are
+# not seen there), which on the CPU take ~70-90 s a model with a cold cache. (Flex attention is
+# compiled by inductor always: packing.py.)
 COMPILE_BACKEND = "inductor"
 
 

@@ -70,7 +70,9 @@ And the 80/20 rule (Wang et al. 2025, arXiv 2506.01939; TRL's `top_entropy_quant
 method: the policy term only on the tokens whose entropy H (the policy's at the mini-batch's start,
 as its update's forward computes it) is at or above the (1 - top_entropy_frac)-quantile of the
 mini-batch's over all ranks (torch.quantile's linear interpolation), the rest 0 with the
-denominators unchanged; chosen among the responses in the loss, as Clip-Cov's `trained` tokens:
+denominators unchanged; chosen by train.py among the tokens of the responses with A != 0 (a KL
+term that trains the others does not move the threshold: docs/CONFIG.md), by policy_loss alone
+among all of its batch's response tokens (TRL's):
     l[i,t] *= 1[H[i,t] >= quantile_{1 - top_entropy_frac}(H)]               (top_entropy_frac 0: off)
 
 Off by default, for every method: a correction of the sampler/trainer mismatch (the sampler's

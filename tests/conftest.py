@@ -95,9 +95,10 @@ def one_rank(monkeypatch):
 @pytest.fixture
 def compile_without_codegen(monkeypatch):
     """Config `compile` with torch.compile's "aot_eager" backend (policy.COMPILE_BACKEND): dynamo's
-    capture, dynamic shapes, the backward graph and the recompile rules as under inductor, without
-    its C++ code generation (~70-90 s a model on 2 cores with a cold cache, as in CI). Inductor's
-    own kernels are a GPU's (Triton): bench/gpu_check.py's speed line compiles them there."""
+    capture and guards, dynamic shapes and AOT autograd's backward graph, without inductor's
+    lowering, fusion and C++ kernels (~70-90 s a model on 2 cores with a cold cache, as in CI):
+    inductor's own guards and fused numerics are not checked here. A GPU's kernels are Triton's:
+    bench/gpu_check.py's speed line compiles them there."""
     import policy
     monkeypatch.setattr(policy, "COMPILE_BACKEND", "aot_eager")
 
