@@ -141,6 +141,7 @@ def test_the_plan_reads_the_configs_model_and_runs_at_the_measured_speed(capsys,
         gpu_plan.config_model("someone/some-model")
 
 
+@pytest.mark.slow  # five plans of 40 simulated steps each: ~10 s
 def test_the_plans_update_memory_follows_the_lm_head_and_the_checkpointed_layers():
     """The update's memory at the LM head: lm_head chunked (auto, the default) holds one chunk of
     2^26 logits' buffers and the weight gradient's sums, not the bf16 logits and their gradient
